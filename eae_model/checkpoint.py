@@ -1,0 +1,40 @@
+"""Save and load a model as `model.safetensors` + `config.json`. Loading never unpickles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eae_model.config import EaEConfig
+from eae_model.model import EaEModel
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+def save_model(model: EaEModel, directory: str | Path) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt", "preset": model.config.preset})
+    (directory / CONFIG).write_text(model.config.to_json() + "\n")
+    return directory
+
+
+def load_model(directory: str | Path, device: str | torch.device = "cpu") -> EaEModel:
+    """Rebuild the model from config.json and fill it from model.safetensors (strict: every
+    weight must be present and have the expected shape)."""
+    directory = Path(directory)
+    for name in (WEIGHTS, CONFIG):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory / name} not found: not a saved EaE model directory")
+    config = EaEConfig.from_dict(json.loads((directory / CONFIG).read_text()))
+    with torch.device("meta"):
+        model = EaEModel(config)
+    state = load_file(str(directory / WEIGHTS), device=str(device))
+    model.load_state_dict(state, strict=True, assign=True)
+    if model.entity_embeddings is not None:
+        model.entity_embeddings.requires_grad_(config.entity_trainable)
+    return model

@@ -1,0 +1,172 @@
+"""EaEConfig: every size and switch of the model, with the paper's presets.
+
+The paper's models (section "Models Evaluated"):
+  paper      EaE: BERT-base transformer, entity memory after l0 = 4 of 12 layers,
+             1M entities x 256, k = all in training, k = 100 at inference.
+  emb512     EaE with 512-dimensional entity embeddings.
+  no_eae     12 transformer layers, the entity table used only by the EntityPred head.
+  eae_unsup  EaE whose memory access gets no entity-linking supervision; full attention
+             (k = all) at inference.
+  mm         BERT-base with EaE's mention masking and data: no entity table at all.
+  tiny       a few-layer model with a small entity table, for CPU tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class EaEConfig:
+    # Transformer (BERT-base in the paper).
+    vocab_size: int = 30522
+    max_length: int = 128
+    hidden_size: int = 768
+    num_heads: int = 12
+    ffn_size: int = 3072
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    init_std: float = 0.02
+    # l0 layers before the entity memory, l1 after it (paper: 4 and 8).
+    l0: int = 4
+    l1: int = 8
+
+    # Entity table E: num_entities x entity_dim.
+    num_entities: int = 1_000_000
+    entity_dim: int = 256
+    entity_trainable: bool = True  # paper section 6: learned (True) or frozen (False)
+    entity_init_std: float = 0.02
+
+    # Which parts exist.
+    use_entity_memory: bool = True  # False: No-EaE and MM
+    use_entity_pred: bool = True  # EntityPred head (False: MM)
+    use_mention_detection: bool = True  # BIO head on X1 (False: MM)
+    memory_el_supervision: bool = True  # False: EaE-unsup
+
+    # Top-k retrieval in the memory. None means all entities (exactly the full softmax).
+    k_train: int | None = None
+    k_inference: int | None = 100
+
+    # Loss weights (paper: a plain sum).
+    weight_mention: float = 1.0
+    weight_memory_el: float = 1.0
+    weight_entity_pred: float = 1.0
+    weight_mlm: float = 1.0
+
+    # Special token ids of bert-base-uncased's vocabulary.
+    pad_token_id: int = 0
+    mask_token_id: int = 103
+
+    preset: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.hidden_size % self.num_heads:
+            problems.append(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        for name in ("vocab_size", "max_length", "hidden_size", "num_heads", "ffn_size", "num_entities", "entity_dim"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if self.l0 < 0 or self.l1 < 0 or self.l0 + self.l1 == 0:
+            problems.append(f"need l0 >= 0, l1 >= 0 and at least one layer, got l0={self.l0}, l1={self.l1}")
+        for name in ("k_train", "k_inference"):
+            k = getattr(self, name)
+            if k is not None and k <= 0:
+                problems.append(f"{name} must be positive or null (all entities), got {k}")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if problems:
+            raise ValueError("invalid EaEConfig: " + "; ".join(problems))
+
+    @property
+    def has_entity_table(self) -> bool:
+        return self.use_entity_memory or self.use_entity_pred
+
+    def k(self, training: bool) -> int | None:
+        """The memory's k for this mode; None means all entities."""
+        return self.k_train if training else self.k_inference
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EaEConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown EaEConfig keys: {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+_BASE = dict(preset="paper")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": dict(_BASE),
+    "emb512": dict(_BASE, preset="emb512", entity_dim=512),
+    # No-EaE: same 12 layers, no memory; E is read only by EntityPred.
+    "no_eae": dict(_BASE, preset="no_eae", use_entity_memory=False),
+    # EaE-unsup: memory trained without EL loss, full attention at inference.
+    "eae_unsup": dict(_BASE, preset="eae_unsup", memory_el_supervision=False, k_inference=None),
+    # BERT-MM: BERT's architecture with EaE's masking and data.
+    "mm": dict(
+        _BASE, preset="mm", use_entity_memory=False, use_entity_pred=False, use_mention_detection=False
+    ),
+    "tiny": dict(
+        preset="tiny",
+        max_length=64,
+        hidden_size=64,
+        num_heads=4,
+        ffn_size=128,
+        l0=1,
+        l1=1,
+        num_entities=512,
+        entity_dim=32,
+        dropout=0.0,
+        k_inference=16,
+    ),
+}
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key=value` -> (key, value), the value parsed as YAML (so 1e-4, null, true work)."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ValueError(f"override {text!r} has an empty key")
+    return key, yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_config(
+    preset: str | None = None, path: str | Path | None = None, overrides: list[str] | None = None
+) -> EaEConfig:
+    """Build a config: a preset, then a YAML file's keys, then `key=value` overrides.
+
+    The YAML file may name its own `preset:`; keys under a top-level `model:` section are
+    used when present, so one file can hold several concerns.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        data = dict(loaded.get("model", loaded))
+    name = preset or data.pop("preset", None) or "paper"
+    data.pop("preset", None)
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    merged = {**PRESETS[name], **data}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        merged[key] = value
+    return EaEConfig.from_dict(merged)

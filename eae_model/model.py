@@ -1,0 +1,193 @@
+"""Entities as Experts (Févry et al., EMNLP 2020), as the paper's equations:
+
+    X0 = TokenEmbed(x)
+    X1 = Transformer(X0, num_layers=l0)
+    X2 = EntityMemory(X1, mentions)
+    X3 = LayerNorm(X2 + X1)
+    X4 = Transformer(X3, num_layers=l1)
+    heads: BIO mention detection on X1; TokenPred and EntityPred on X4.
+
+Training uses the given mention spans; inference (mentions=None) decodes the BIO head's
+spans from X1 and uses those. The ablations are switches of EaEConfig: without the memory
+(No-EaE, MM) X3 is X1 and the l0 + l1 layers run back to back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eae_model import bio
+from eae_model.config import EaEConfig
+from eae_model.heads import EntityPredHead, MentionDetectionHead, TokenPredHead
+from eae_model.memory import EntityMemory, MemoryOutput
+from eae_model.mentions import Mentions
+from eae_model.transformer import TokenEmbed, Transformer
+
+IGNORE = -100  # label of tokens without a masked-LM target
+CLS_TOKEN_ID, SEP_TOKEN_ID = 101, 102
+_ALL = object()  # sentinel: use the config's k for the current mode
+
+
+@dataclass
+class EaEOutput:
+    x1: torch.Tensor  # [B, L, H]
+    x4: torch.Tensor  # [B, L, H]
+    mentions: Mentions  # the spans used: given (training) or decoded (inference)
+    bio_logits: torch.Tensor | None = None  # [B, L, 3]
+    memory: MemoryOutput | None = None
+    entity_logits: torch.Tensor | None = None  # EntityPred, [M, N]
+    mlm_positions: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch, position) of targets
+    mlm_logits: torch.Tensor | None = None  # [T, V] at mlm_positions
+    losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    loss: torch.Tensor | None = None
+
+
+class EaEModel(nn.Module):
+    def __init__(self, config: EaEConfig, entity_init: torch.Tensor | None = None):
+        """entity_init: optional [num_entities, entity_dim] matrix to start E from (paper
+        section 6: e.g. TransE or Deep-Ed embeddings); frozen if config.entity_trainable is False."""
+        super().__init__()
+        self.config = c = config
+        self.token_embed = TokenEmbed(c)
+        self.transformer_l0 = Transformer(c, c.l0)
+        self.transformer_l1 = Transformer(c, c.l1)
+        self.token_pred = TokenPredHead(c.hidden_size, c.vocab_size, c.layer_norm_eps)
+        self.mention_head = MentionDetectionHead(c.hidden_size) if c.use_mention_detection else None
+        if c.use_entity_memory:
+            self.entity_memory = EntityMemory(c.hidden_size, c.entity_dim)
+            self.memory_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        else:
+            self.entity_memory = self.memory_norm = None
+        self.entity_pred = EntityPredHead(c.hidden_size, c.entity_dim) if c.use_entity_pred else None
+        self.entity_embeddings = (
+            nn.Parameter(torch.empty(c.num_entities, c.entity_dim), requires_grad=c.entity_trainable)
+            if c.has_entity_table
+            else None
+        )
+        self.apply(self._init_module)
+        if self.entity_embeddings is not None:
+            self.set_entity_embeddings(entity_init)
+
+    def _init_module(self, module: nn.Module) -> None:
+        # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.config.init_std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    @torch.no_grad()
+    def set_entity_embeddings(self, matrix: torch.Tensor | None = None) -> None:
+        """Fill E from `matrix` ([N, d]) or, when None, randomly (N(0, entity_init_std))."""
+        table = self.entity_embeddings
+        if table is None:
+            raise ValueError(f"preset {self.config.preset!r} has no entity table")
+        if matrix is None:
+            nn.init.normal_(table, std=self.config.entity_init_std)
+        elif tuple(matrix.shape) != tuple(table.shape):
+            raise ValueError(f"entity matrix has shape {tuple(matrix.shape)}, expected {tuple(table.shape)}")
+        else:
+            table.copy_(matrix)
+
+    def mention_allowed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, L] bool: tokens a decoded mention may cover (not padding, [CLS] or [SEP])."""
+        special = (input_ids == CLS_TOKEN_ID) | (input_ids == SEP_TOKEN_ID)
+        return attention_mask.bool() & ~special
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        mentions: Mentions | None = None,
+        mlm_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        k: int | None | object = _ALL,
+        validate: bool = True,
+    ) -> EaEOutput:
+        """input_ids [B, L]; attention_mask [B, L] (1 = real token); mentions: the given spans
+        (training, with entity ids for the EL losses) or None to use the BIO head's decoded
+        spans; mlm_labels [B, L]: the original token at masked positions, IGNORE elsewhere;
+        k: the memory's top-k (None = all), by default config.k_train / k_inference.
+
+        Losses are computed for what labels are given: BIO (whenever mentions are given),
+        EL for the memory and EntityPred (linked mentions), masked LM (mlm_labels)."""
+        c = self.config
+        if attention_mask is None:
+            attention_mask = (input_ids != c.pad_token_id).long()
+        if input_ids.shape[1] > c.max_length:
+            raise ValueError(f"sequence of {input_ids.shape[1]} tokens exceeds max_length {c.max_length}")
+        key_mask = attention_mask.bool()
+        if validate and not key_mask.any(1).all():
+            raise ValueError("every context needs at least one real token (attention_mask all zero)")
+        if k is _ALL:
+            k = c.k(self.training)
+
+        x1 = self.transformer_l0(self.token_embed(input_ids, token_type_ids), key_mask)
+        bio_logits = self.mention_head(x1) if self.mention_head is not None else None
+        given = mentions is not None
+        if not given:
+            if bio_logits is None:
+                mentions = Mentions.empty(input_ids.device)
+            else:
+                with torch.no_grad():
+                    tags = bio.decode_bio(bio_logits, self.mention_allowed(input_ids, attention_mask))
+                mentions = bio.tags_to_mentions(tags)
+        elif validate:
+            mentions.validate(attention_mask, c.num_entities if c.has_entity_table else None)
+
+        memory = None
+        x3 = x1
+        if self.entity_memory is not None:
+            memory = self.entity_memory(x1, mentions, self.entity_embeddings, k)
+            x3 = self.memory_norm(memory.x2 + x1)
+        x4 = self.transformer_l1(x3, key_mask)
+
+        out = EaEOutput(x1=x1, x4=x4, mentions=mentions, bio_logits=bio_logits, memory=memory)
+        if self.entity_pred is not None:
+            out.entity_logits = self.entity_pred(x4, mentions, self.entity_embeddings)
+        if mlm_labels is not None:
+            out.mlm_positions = (mlm_labels != IGNORE).nonzero(as_tuple=True)
+            out.mlm_logits = self.token_pred(x4[out.mlm_positions], self.token_embed.word.weight)
+        if given:
+            self._add_losses(out, attention_mask, mlm_labels)
+        return out
+
+    def token_logits(self, x4: torch.Tensor) -> torch.Tensor:
+        """TokenPred at every position: x4 [..., H] -> [..., V]."""
+        return self.token_pred(x4, self.token_embed.word.weight)
+
+    def _add_losses(self, out: EaEOutput, attention_mask: torch.Tensor, mlm_labels: torch.Tensor | None) -> None:
+        c, m = self.config, out.mentions
+        losses: dict[str, torch.Tensor] = {}
+        weights: dict[str, float] = {}
+        if out.bio_logits is not None:
+            labels = bio.bio_labels(m, attention_mask)
+            losses["mention"] = _mean_ce(out.bio_logits.flatten(0, 1), labels.flatten())
+            weights["mention"] = c.weight_mention
+        if m.entity_ids is not None:
+            # Entity linking: softmax over all entities, only for linked mentions.
+            targets = torch.where(m.linked(), m.entity_ids, IGNORE)
+            if out.memory is not None and c.memory_el_supervision:
+                losses["memory_el"] = _mean_ce(out.memory.logits, targets)
+                weights["memory_el"] = c.weight_memory_el
+            if out.entity_logits is not None:
+                losses["entity_pred"] = _mean_ce(out.entity_logits, targets)
+                weights["entity_pred"] = c.weight_entity_pred
+        if mlm_labels is not None:
+            losses["mlm"] = _mean_ce(out.mlm_logits, mlm_labels[out.mlm_positions])
+            weights["mlm"] = c.weight_mlm
+        out.losses = losses
+        if losses:
+            out.loss = sum(weights[name] * value for name, value in losses.items())
+
+
+def _mean_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy averaged over targets != IGNORE; 0 (still in the graph) when there are none."""
+    total = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE, reduction="sum")
+    return total / (targets != IGNORE).sum().clamp(min=1)

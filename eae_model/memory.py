@@ -24,6 +24,11 @@ def span_representation(x: torch.Tensor, mentions: Mentions) -> torch.Tensor:
     return torch.cat([x[mentions.batch_ids, mentions.starts], x[mentions.batch_ids, mentions.ends]], dim=-1)
 
 
+def _softmax(logits: torch.Tensor) -> torch.Tensor:
+    # In at least float32: bf16 logits would lose the small weights.
+    return torch.softmax(logits, -1, dtype=torch.promote_types(logits.dtype, torch.float32))
+
+
 def entity_attention(h: torch.Tensor, entities: torch.Tensor, k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Soft retrieval of entity embeddings.
 
@@ -33,10 +38,10 @@ def entity_attention(h: torch.Tensor, entities: torch.Tensor, k: int | None) -> 
     """
     logits = h @ entities.T
     if k is None or k >= entities.shape[0]:
-        weights = torch.softmax(logits.float(), dim=-1).to(entities.dtype)
+        weights = _softmax(logits).to(entities.dtype)
         return weights @ entities, logits
     top_logits, top_ids = logits.topk(k, dim=-1)  # [M, k]
-    weights = torch.softmax(top_logits.float(), dim=-1).to(entities.dtype)
+    weights = _softmax(top_logits).to(entities.dtype)
     return torch.einsum("mk,mkd->md", weights, entities[top_ids]), logits
 
 

@@ -189,5 +189,6 @@ class EaEModel(nn.Module):
 
 def _mean_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy averaged over targets != IGNORE; 0 (still in the graph) when there are none."""
-    total = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE, reduction="sum")
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    total = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
     return total / (targets != IGNORE).sum().clamp(min=1)

@@ -43,6 +43,8 @@ class WordPieceTokenizer:
         from tokenizers import BertWordPieceTokenizer
 
         self.vocab_path = Path(vocab_path) if vocab_path else default_vocab_path()
+        if not self.vocab_path.is_file():
+            raise FileNotFoundError(f"WordPiece vocabulary {self.vocab_path} not found")
         self._tok = BertWordPieceTokenizer(str(self.vocab_path), lowercase=True)
         self._tok.no_padding()
         self._tok.no_truncation()

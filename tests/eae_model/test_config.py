@@ -1,0 +1,51 @@
+import pytest
+
+from eae_model.config import PRESETS, EaEConfig, load_config
+
+
+def test_paper_preset_is_bert_base_with_memory():
+    c = load_config("paper")
+    assert (c.hidden_size, c.num_heads, c.ffn_size, c.vocab_size, c.max_length) == (768, 12, 3072, 30522, 128)
+    assert (c.l0, c.l1, c.num_entities, c.entity_dim) == (4, 8, 1_000_000, 256)
+    assert c.k_train is None and c.k_inference == 100
+    assert c.k(training=True) is None and c.k(training=False) == 100
+
+
+def test_ablation_presets():
+    assert load_config("emb512").entity_dim == 512
+    no_eae = load_config("no_eae")
+    assert not no_eae.use_entity_memory and no_eae.use_entity_pred and no_eae.l0 + no_eae.l1 == 12
+    unsup = load_config("eae_unsup")
+    assert not unsup.memory_el_supervision and unsup.k_inference is None
+    mm = load_config("mm")
+    assert not mm.has_entity_table and not mm.use_mention_detection
+    assert set(PRESETS) == {"paper", "emb512", "no_eae", "eae_unsup", "mm", "tiny"}
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("model:\n  preset: tiny\n  num_entities: 100\n  k_inference: 8\n")
+    c = load_config(path=path, overrides=["k_inference=null", "weight_mlm=0.5", "entity_trainable=false"])
+    assert c.preset == "tiny" and c.num_entities == 100
+    assert c.k_inference is None and c.weight_mlm == 0.5 and c.entity_trainable is False
+    assert EaEConfig.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["nope=1"], "unknown EaEConfig keys: nope"),
+        (["k_train=0"], "k_train must be positive"),
+        (["num_heads=5"], "not divisible"),
+        (["dropout=1.5"], "dropout"),
+        (["l0"], "key=value"),
+    ],
+)
+def test_bad_config_is_a_clear_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config("tiny", overrides=overrides)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        load_config("huge")

@@ -1,0 +1,198 @@
+"""The whole model against the paper's equations, its losses, presets and inference path."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eae_model import EaEModel, MentionError, Mentions, load_config
+from eae_model.model import IGNORE
+
+
+def _batch(seed=0, length=12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 5000, (3, length), generator=g)
+    ids[:, 0], ids[:, -1] = 101, 102
+    mask = torch.ones_like(ids)
+    mask[2, 8:] = 0  # a padded context
+    ids[2, 8:] = 0
+    ids[2, 7] = 102
+    mentions = Mentions.from_lists([[(1, 2), (5, 5)], [(3, 6)], [(2, 3)]], [[4, -1], [9], [-1]])
+    return ids, mask, mentions
+
+
+def _model(preset="tiny", seed=0, **overrides):
+    torch.manual_seed(seed)
+    config = load_config(preset if preset == "tiny" else "tiny", overrides=[f"{k}={v}" for k, v in overrides.items()])
+    return EaEModel(config).double().eval()
+
+
+@pytest.mark.parametrize("k", [None, 5])
+def test_forward_follows_the_equations(k):
+    """X0..X4 recomputed step by step from the model's own parts and the memory written out
+    by hand; the model's X4 and heads must match exactly."""
+    model = _model()
+    ids, mask, mentions = _batch()
+    out = model(ids, mask, mentions=mentions, k=k)
+    key = mask.bool()
+    x0 = model.token_embed(ids)
+    x1 = model.transformer_l0(x0, key)
+    # EntityMemory by hand.
+    E = model.entity_embeddings
+    x2 = torch.zeros_like(x1)
+    for b, s, t in zip(mentions.batch_ids.tolist(), mentions.starts.tolist(), mentions.ends.tolist()):
+        h = model.entity_memory.project_query.weight @ torch.cat([x1[b, s], x1[b, t]])
+        scores = E @ h
+        idx = scores.argsort(descending=True)[: (k or len(scores))]
+        alpha = torch.softmax(scores[idx], 0)
+        x2[b, s] = model.entity_memory.project_value.weight @ (alpha @ E[idx])
+    x3 = F.layer_norm(x2 + x1, (x1.shape[-1],), model.memory_norm.weight, model.memory_norm.bias, 1e-12)
+    x4 = model.transformer_l1(x3, key)
+    torch.testing.assert_close(out.x1, x1)
+    torch.testing.assert_close(out.x4, x4)
+    # EntityPred: its own W_f on X4 spans, scored against E.
+    spans = torch.cat([x4[mentions.batch_ids, mentions.starts], x4[mentions.batch_ids, mentions.ends]], -1)
+    torch.testing.assert_close(out.entity_logits, spans @ model.entity_pred.project_query.weight.T @ E.T)
+    torch.testing.assert_close(out.bio_logits, model.mention_head.classifier(x1))
+
+
+def test_losses_are_the_papers_cross_entropies():
+    model = _model()
+    ids, mask, mentions = _batch()
+    labels = torch.full_like(ids, IGNORE)
+    labels[0, 1:3] = ids[0, 1:3]
+    masked = ids.clone()
+    masked[0, 1:3] = 103
+    out = model(masked, mask, mentions=mentions, mlm_labels=labels)
+    linked = mentions.entity_ids >= 0
+    # EL over all entities, only linked mentions (null-entity mentions get no EL loss).
+    want_el = F.cross_entropy(out.memory.logits[linked], mentions.entity_ids[linked])
+    want_ep = F.cross_entropy(out.entity_logits[linked], mentions.entity_ids[linked])
+    # BIO on every real token: B at starts, I inside, O elsewhere.
+    bio = torch.zeros_like(ids)
+    bio[0, 1], bio[0, 2], bio[0, 5] = 1, 2, 1
+    bio[1, 3], bio[1, 4:7] = 1, 2
+    bio[2, 2], bio[2, 3] = 1, 2
+    want_bio = F.cross_entropy(out.bio_logits[mask.bool()], bio[mask.bool()])
+    want_mlm = F.cross_entropy(model.token_logits(out.x4)[0, 1:3], ids[0, 1:3])
+    for name, want in [("memory_el", want_el), ("entity_pred", want_ep), ("mention", want_bio), ("mlm", want_mlm)]:
+        torch.testing.assert_close(out.losses[name], want, msg=name)
+    torch.testing.assert_close(out.loss, want_el + want_ep + want_bio + want_mlm)
+
+
+def test_loss_weights_and_unsup_preset():
+    ids, mask, mentions = _batch()
+    unsup = _model(memory_el_supervision=False, weight_mlm=0.0)
+    out = unsup(ids, mask, mentions=mentions)
+    assert "memory_el" not in out.losses
+    assert set(out.losses) == {"mention", "entity_pred"}
+    torch.testing.assert_close(out.loss, out.losses["mention"] + out.losses["entity_pred"])
+
+
+def test_no_linked_mentions_gives_zero_el_loss_with_gradient_graph():
+    model = _model()
+    ids, mask, _ = _batch()
+    mentions = Mentions.from_lists([[(1, 2)], [], []], [[-1], [], []])
+    out = model(ids, mask, mentions=mentions)
+    assert out.losses["memory_el"].item() == 0.0 and out.losses["entity_pred"].item() == 0.0
+    out.loss.backward()  # still differentiable
+
+
+def test_memory_output_only_at_mention_starts():
+    model = _model()
+    ids, mask, mentions = _batch()
+    out = model(ids, mask, mentions=mentions)
+    nonzero = out.memory.x2.abs().sum(-1) != 0
+    want = torch.zeros_like(nonzero)
+    want[mentions.batch_ids, mentions.starts] = True
+    assert torch.equal(nonzero, want)
+
+
+def test_empty_mention_list_is_plain_transformer_plus_layernorm():
+    model = _model()
+    ids, mask, _ = _batch()
+    out = model(ids, mask, mentions=Mentions.empty())
+    x1 = out.x1
+    x3 = model.memory_norm(x1)
+    torch.testing.assert_close(out.x4, model.transformer_l1(x3, mask.bool()))
+    assert out.entity_logits.shape == (0, model.config.num_entities)
+
+
+@pytest.mark.parametrize(
+    "spans, message",
+    [
+        ([[(1, 12)], [], []], "not inside"),
+        ([[(-1, 2)], [], []], "not inside"),
+        ([[(4, 2)], [], []], "start <= end"),
+        ([[], [], [(6, 9)]], "past the 8 real tokens"),
+        ([[(1, 3), (3, 5)], [], []], "overlapping"),
+        ([[(1, 3), (2, 2)], [], []], "overlapping"),
+    ],
+)
+def test_bad_mentions_are_rejected_clearly(spans, message):
+    model = _model()
+    ids, mask, _ = _batch()
+    with pytest.raises(MentionError, match=message):
+        model(ids, mask, mentions=Mentions.from_lists(spans))
+
+
+def test_bad_batch_and_entity_ids_rejected():
+    model = _model()
+    ids, mask, _ = _batch()
+    m = Mentions.from_lists([[(1, 1)], [], []])
+    m.batch_ids[0] = 3
+    with pytest.raises(MentionError, match="outside the batch"):
+        model(ids, mask, mentions=m)
+    with pytest.raises(MentionError, match="entity id 512"):
+        model(ids, mask, mentions=Mentions.from_lists([[(1, 1)], [], []], [[512], [], []]))
+    with pytest.raises(ValueError, match="max_length"):
+        model(torch.ones(1, 65, dtype=torch.long))
+
+
+def test_inference_uses_decoded_spans_and_k_inference():
+    model = _model()
+    ids, mask, _ = _batch()
+    with torch.no_grad():
+        model.mention_head.classifier.bias.copy_(torch.tensor([0.0, 0.0, -50.0]))
+        model.mention_head.classifier.weight.zero_()
+        model.mention_head.classifier.bias[1] = 5.0  # every allowed token a one-token mention
+    out = model(ids, mask)
+    allowed = model.mention_allowed(ids, mask)
+    assert len(out.mentions) == int(allowed.sum())
+    assert torch.equal(out.mentions.starts, out.mentions.ends)
+    assert not allowed[out.mentions.batch_ids, out.mentions.starts].logical_not().any()
+    # eval mode: top-k with config.k_inference must equal an explicit k
+    again = model(ids, mask, mentions=out.mentions, k=model.config.k_inference)
+    torch.testing.assert_close(out.x4, again.x4)
+    full = model(ids, mask, mentions=out.mentions, k=None)
+    assert not torch.allclose(full.x4, out.x4)
+
+
+@pytest.mark.parametrize("preset", ["no_eae", "mm"])
+def test_ablations_run_layers_back_to_back(preset):
+    torch.manual_seed(0)
+    config = load_config(preset, overrides=["hidden_size=32", "num_heads=2", "ffn_size=64", "num_entities=50",
+                                            "entity_dim=8", "vocab_size=6000", "l0=1", "l1=2", "dropout=0"])
+    model = EaEModel(config).double().eval()
+    ids, mask, mentions = _batch()
+    out = model(ids, mask, mentions=mentions)
+    assert model.entity_memory is None and out.memory is None
+    x = model.token_embed(ids)
+    for layer in [*model.transformer_l0.layers, *model.transformer_l1.layers]:
+        x = layer(x, mask.bool())
+    torch.testing.assert_close(out.x4, x)
+    assert (out.entity_logits is not None) == (preset == "no_eae")
+    assert (model.entity_embeddings is None) == (preset == "mm")
+
+
+def test_entity_table_from_matrix_and_frozen():
+    config = load_config("tiny", overrides=["entity_trainable=false"])
+    matrix = torch.randn(config.num_entities, config.entity_dim)
+    model = EaEModel(config, entity_init=matrix)
+    assert torch.equal(model.entity_embeddings.detach(), matrix)
+    assert not model.entity_embeddings.requires_grad
+    ids, mask, mentions = _batch()
+    model(ids.clamp(max=config.vocab_size - 1), mask, mentions=mentions).loss.backward()
+    assert model.entity_embeddings.grad is None
+    assert model.entity_memory.project_query.weight.grad is not None
+    with pytest.raises(ValueError, match="expected"):
+        EaEModel(config, entity_init=torch.zeros(3, 3))

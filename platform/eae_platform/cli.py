@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 
 def _model_summary(args: argparse.Namespace) -> int:
@@ -21,6 +23,53 @@ def _model_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_build(args: argparse.Namespace) -> int:
+    from eae_platform.preprocess.build import BuildSettings, NothingReadError, build, embedded_settings
+    from eae_platform.ray_session import connect
+
+    options = dict(
+        entities=args.entities,
+        chunk_bytes=args.chunk_bytes,
+        max_length=args.max_length,
+        partition_bytes=int(args.partition_mb * 2**20),
+        alias_mentions=not args.no_alias_mentions,
+    )
+    for name in ("dev_fraction", "test_fraction"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.dump:
+        missing = [d for d in args.dump if not os.path.isfile(d)]
+        if missing:
+            raise FileNotFoundError(f"dump not found: {', '.join(missing)}")
+        settings = BuildSettings(dumps=args.dump, out=args.out, **options)
+    else:
+        settings = embedded_settings(args.out, **options)
+    connect(args.address)
+    try:
+        manifest = build(settings)
+    except NothingReadError as error:
+        print(f"eae: error: {error}", file=sys.stderr)
+        return 1
+    c = manifest["counts"]
+    print(
+        f"built {c['contexts']:,} contexts ({c['contexts_per_split']}) from {c['articles']:,} articles, "
+        f"{c['entities']:,} entities, {c.get('mentions_linked', 0):,} linked and "
+        f"{c.get('mentions_unlinked', 0):,} unlinked mentions in {manifest['seconds']} s -> {args.out}"
+    )
+    lost = {k: v for k, v in manifest["skipped"].items() if isinstance(v, dict) and v}
+    if lost:
+        print(f"skipped (see {args.out}/manifest.json and skipped.jsonl): {json.dumps(lost)}")
+    return 0
+
+
+def _data_synth(args: argparse.Namespace) -> int:
+    from eae_model.synth import write_world
+
+    summary = write_world(Path(args.out), args.entities, args.seed)
+    print(f"wrote a synthetic world to {args.out}: {summary}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -32,6 +81,27 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     summary.add_argument("--json", action="store_true", help="print JSON instead of a table")
     summary.set_defaults(func=_model_summary)
+
+    data = commands.add_parser("data", help="build training data").add_subparsers(dest="action", required=True)
+    b = data.add_parser("build", help="a Wikipedia dump -> entity-linked, tokenized Parquet shards (on Ray)")
+    b.add_argument("--dump", action="append", help="pages-articles XML dump, .bz2 or plain; repeatable "
+                   "(default: the real Wikipedia sample shipped in gensim)")
+    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--entities", type=int, default=1_000_000, help="entity vocabulary size (most frequent targets)")
+    b.add_argument("--chunk-bytes", type=int, default=500, help="context size in UTF-8 bytes")
+    b.add_argument("--max-length", type=int, default=128, help="wordpieces per context, [CLS] and [SEP] included")
+    b.add_argument("--dev-fraction", type=float, help="share of articles held out for dev (paper 0.002)")
+    b.add_argument("--test-fraction", type=float, help="share of articles held out for test (paper 0.002)")
+    b.add_argument("--partition-mb", type=float, default=64, help="dump bytes per Ray task")
+    b.add_argument("--no-alias-mentions", action="store_true", help="no unlinked mentions from alias matching")
+    b.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
+    b.set_defaults(func=_data_build)
+
+    s = data.add_parser("synth", help="a deterministic synthetic world: MediaWiki XML + closed-book questions")
+    s.add_argument("--out", required=True)
+    s.add_argument("--entities", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_data_synth)
     return parser
 
 

@@ -1,0 +1,142 @@
+"""Cut an article into ~500-byte contexts, tokenize them, and place mentions on wordpieces.
+
+The paper (appendix "Wikipedia Pre-training"): each article is divided into chunks of 500
+bytes, tokenized with BERT's uncased vocabulary and limited to 128 wordpieces. Mentions are
+the article's hyperlinks (linked to an entity when the target is in the vocabulary, else
+unlinked) plus unlinked spans from a mention detector; they never overlap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from eae_model.mentions import NULL_ENTITY
+from eae_model.tokenizer import WordPieceTokenizer
+
+# Where a mention came from (column `mention_sources`).
+SOURCE_LINK, SOURCE_ALIAS, SOURCE_NER = 0, 1, 2
+
+
+@dataclass
+class Span:
+    """A character span [start, end) of an article's plain text that is a mention."""
+
+    start: int
+    end: int
+    entity_id: int = NULL_ENTITY
+    source: int = SOURCE_LINK
+
+
+@dataclass
+class Context:
+    char_offset: int  # where `text` starts in the article
+    text: str
+    token_ids: list[int]
+    token_offsets: list[tuple[int, int]]  # character span of each wordpiece in `text`
+    mention_starts: list[int] = field(default_factory=list)  # first wordpiece
+    mention_ends: list[int] = field(default_factory=list)  # last wordpiece (inclusive)
+    mention_entity_ids: list[int] = field(default_factory=list)  # NULL_ENTITY when unlinked
+    mention_sources: list[int] = field(default_factory=list)
+
+
+def chunk_boundaries(text: str, spans: list[Span], chunk_bytes: int = 500) -> list[tuple[int, int]]:
+    """Character ranges of ~chunk_bytes UTF-8 bytes each, cut at whitespace and never inside a
+    mention (a chunk grows past chunk_bytes rather than split one)."""
+    inside = bytearray(len(text) + 1)  # 1 where a cut would split a mention
+    for s in spans:
+        inside[s.start + 1 : s.end] = b"\x01" * max(0, s.end - s.start - 1)
+    ranges, start, n = [], 0, len(text)
+    while start < n:
+        while start < n and text[start].isspace():
+            start += 1
+        if start >= n:
+            break
+        # Advance ~chunk_bytes bytes (characters are 1-4 bytes in UTF-8).
+        end, size = start, 0
+        while end < n and size < chunk_bytes:
+            size += len(text[end].encode("utf-8"))
+            end += 1
+        if end < n:
+            cut = end
+            while cut > start and (not text[cut].isspace() or inside[cut]):
+                cut -= 1
+            if cut == start:  # no whitespace (or all inside a mention): cut forward instead
+                cut = end
+                while cut < n and (not text[cut].isspace() or inside[cut]):
+                    cut += 1
+            end = cut
+        ranges.append((start, end))
+        start = end
+    return ranges
+
+
+def _token_for_char(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """Wordpieces exactly covering the characters [start, end), or None when a wordpiece
+    crosses a boundary or the span lies past the (truncated) tokens."""
+    first = last = None
+    for i, (s, e) in enumerate(offsets):
+        if s == e:  # [CLS]/[SEP]
+            continue
+        if e <= start:
+            continue
+        if s >= end:
+            break
+        if first is None:
+            if s < start:
+                return None  # a wordpiece straddles the mention's start
+            first = i
+        last = i
+        if e > end:
+            return None  # a wordpiece straddles the mention's end
+    if first is None or offsets[last][1] < end:  # nothing, or the tokens stop short of the end
+        return None
+    return first, last
+
+
+class ContextBuilder:
+    """Article text + mention spans -> tokenized contexts with wordpiece-aligned mentions.
+
+    `skipped` counts mentions that could not be placed, by reason: `truncated` (past the
+    max_length wordpieces), `misaligned` (a wordpiece crosses the span boundary) and
+    `no_tokens` (the span tokenizes to nothing, e.g. only control characters).
+    """
+
+    def __init__(self, tokenizer: WordPieceTokenizer, chunk_bytes: int = 500, max_length: int = 128):
+        self.tokenizer = tokenizer
+        self.chunk_bytes = chunk_bytes
+        self.max_length = max_length
+        self.skipped: Counter[str] = Counter()
+        self.truncated_contexts = 0
+
+    def build(self, text: str, spans: list[Span]) -> list[Context]:
+        spans = sorted(spans, key=lambda s: s.start)
+        ranges = chunk_boundaries(text, spans, self.chunk_bytes)
+        chunks = [text[a:b] for a, b in ranges]
+        encodings = self.tokenizer.encode_batch(chunks)
+        contexts, j = [], 0
+        for (a, b), chunk, enc in zip(ranges, chunks, encodings):
+            ids, offsets = enc.ids, enc.offsets
+            if len(ids) > self.max_length:  # keep [CLS] ... then [SEP] at the limit
+                ids = ids[: self.max_length - 1] + [ids[-1]]
+                offsets = offsets[: self.max_length - 1] + [(0, 0)]
+                self.truncated_contexts += 1
+            ctx = Context(char_offset=a, text=chunk, token_ids=ids, token_offsets=[tuple(o) for o in offsets])
+            covered = offsets[-2][1] if len(offsets) > 2 else 0
+            while j < len(spans) and spans[j].start < b:
+                span = spans[j]
+                j += 1
+                if span.start < a:  # cannot happen: cuts never fall inside a mention
+                    raise AssertionError("mention crosses a chunk boundary")
+                s, e = span.start - a, span.end - a
+                placed = _token_for_char(ctx.token_offsets, s, e)
+                if placed is None:
+                    reason = "truncated" if e > covered else "no_tokens" if not chunk[s:e].strip() else "misaligned"
+                    self.skipped[reason] += 1
+                    continue
+                ctx.mention_starts.append(placed[0])
+                ctx.mention_ends.append(placed[1])
+                ctx.mention_entity_ids.append(span.entity_id)
+                ctx.mention_sources.append(span.source)
+            contexts.append(ctx)
+        return contexts

@@ -1,0 +1,23 @@
+"""Connecting to Ray the way every command does: the cluster named by --address or
+RAY_ADDRESS (as `ray job submit` sets for its jobs), else a new local cluster.
+
+Ray 2.60 enables token authentication on the local clusters it starts; we keep that default.
+To reach a cluster started with `ray start --head`, set RAY_ADDRESS (and RAY_AUTH_TOKEN or the
+token file Ray wrote, as Ray's token-auth docs describe)."""
+
+from __future__ import annotations
+
+import os
+
+
+def connect(address: str | None = None, num_cpus: int | None = None):
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False)
+    return ray

@@ -1,0 +1,181 @@
+"""The Wikipedia build on a real local Ray cluster, on the real sample dump shipped in gensim."""
+
+import bz2
+import json
+import os
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from eae_model.wikidump import embedded_dump_path
+from eae_platform.preprocess import stages
+from eae_platform.preprocess.build import NothingReadError, build, embedded_settings, read_manifest
+from eae_model.shards import SCHEMA, write_table_atomic
+
+ENTITIES = 2000
+
+
+@pytest.fixture(scope="module")
+def built(ray_cluster, tmp_path_factory):
+    out = tmp_path_factory.mktemp("wiki")
+    manifest = build(embedded_settings(str(out), entities=ENTITIES))
+    return out, manifest
+
+
+def _shards(out, split):
+    return pq.read_table(sorted((Path(out) / "shards" / split).glob("part-*.parquet"))).to_pylist()
+
+
+def test_embedded_dump_counts(built):
+    out, m = built
+    c = m["counts"]
+    assert (c["pages"], c["redirects"], c["articles"]) == (206, 99, 106)
+    assert c["entities"] == ENTITIES
+    assert 20_000 < c["links"] < 31_000
+    assert c["contexts"] == sum(c["contexts_per_split"].values()) > 5000
+    assert all(c["articles_per_split"][s] > 0 for s in ("train", "dev"))
+    assert c["mentions_linked"] > 5000 and c["mentions_unlinked"] > 5000
+    assert read_manifest(out) == m
+    for split, n in c["contexts_per_split"].items():
+        assert sum(pq.read_metadata(p).num_rows for p in (out / "shards" / split).glob("*.parquet")) == n
+    # every page is accounted for: articles + redirects + skipped pages
+    assert c["articles"] + c["redirects"] + sum(m["skipped"]["pages"].values()) == c["pages"]
+    skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert sum(1 for s in skipped if s["kind"] == "page") == sum(m["skipped"]["pages"].values())
+    for reason, n in m["skipped"]["links"].items():
+        assert sum(s["count"] for s in skipped if s["kind"] == "links" and s["reason"] == reason) == n
+
+
+def test_vocabulary_and_alias_table(built):
+    out, _ = built
+    entities = pq.read_table(out / "entities.parquet").to_pylist()
+    assert [e["entity_id"] for e in entities] == list(range(ENTITIES))
+    counts = [e["count"] for e in entities]
+    assert counts == sorted(counts, reverse=True)
+    titles = {e["title"] for e in entities}
+    # redirects are resolved: no vocabulary title is itself a redirect
+    redirects = set(pq.read_table(out / "redirects.parquet").column("alias").to_pylist())
+    assert not titles & redirects
+    assert "Computer accessibility" not in redirects
+    aliases = pq.read_table(out / "aliases.parquet").to_pylist()
+    assert all(0 <= a["entity_id"] < ENTITIES and a["count"] > 0 for a in aliases)
+
+
+def _fold(text):
+    text = unicodedata.normalize("NFD", text.lower())
+    return "".join(ch for ch in text if not ch.isspace() and unicodedata.category(ch) != "Mn")
+
+
+def test_every_mention_decodes_back_to_its_text(built):
+    from eae_model.tokenizer import WordPieceTokenizer
+
+    out, _ = built
+    tok = WordPieceTokenizer()
+    parsed = {r["page_id"]: r for r in pq.read_table(sorted((out / "parsed").glob("*.parquet"))).to_pylist()}
+    checked = 0
+    for split in stages.SPLITS:
+        for row in _shards(out, split):
+            assert row["token_ids"][0] == 101 and row["token_ids"][-1] == 102 and len(row["token_ids"]) <= 128
+            article = parsed[row["article_id"]]
+            links = {(s, e) for s, e in zip(article["link_starts"], article["link_ends"])}
+            previous_end = 0
+            for s, t, entity, source in zip(
+                row["mention_starts"], row["mention_ends"], row["mention_entity_ids"], row["mention_sources"]
+            ):
+                assert previous_end < s <= t < len(row["token_ids"]) - 1  # sorted, no overlap, no specials
+                previous_end = t
+                assert -1 <= entity < ENTITIES
+                span = row["text"][row["token_starts"][s] : row["token_ends"][t]]
+                pieces = "".join(tok.id_to_token(i).removeprefix("##") for i in row["token_ids"][s : t + 1])
+                if "[UNK]" not in pieces:
+                    assert _fold(pieces) == _fold(span), (pieces, span)
+                if source == 0:  # a hyperlink: the span is exactly the link's anchor in the article
+                    a = row["char_offset"] + row["token_starts"][s]
+                    b = row["char_offset"] + row["token_ends"][t]
+                    assert (a, b) in links
+                checked += 1
+    assert checked > 10_000
+
+
+def test_rerun_skips_complete_partitions_and_rebuilds_damaged_ones(built, ray_cluster):
+    out, first = built
+    shard = out / "shards" / "train" / "part-00000.parquet"
+    mtime = shard.stat().st_mtime_ns
+    again = build(embedded_settings(str(out), entities=ENTITIES))
+    assert shard.stat().st_mtime_ns == mtime  # skipped, not rewritten
+    assert again["counts"] == first["counts"]
+    # A shard without its completion marker (a run killed after the rename) is rebuilt.
+    (out / "shards" / "part-00000.json").unlink()
+    shard.write_bytes(b"half a shard")
+    rebuilt = build(embedded_settings(str(out), entities=ENTITIES))
+    assert rebuilt["counts"] == first["counts"]
+    assert pq.read_metadata(shard).num_rows == first["counts"]["contexts_per_split"]["train"]
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    def dies(table, where, **kwargs):
+        Path(where).write_bytes(b"partial")
+        raise KeyboardInterrupt("killed mid-write")
+
+    monkeypatch.setattr(pq, "write_table", dies)
+    target = tmp_path / "shard.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        write_table_atomic(pa.table({"x": [1]}), target)
+    assert not target.exists()
+
+
+def test_partitions_give_the_same_corpus(ray_cluster, built, tmp_path):
+    """A plain-XML copy of the dump cut into several byte-range partitions (Ray tasks)
+    yields exactly the same contexts as the single bz2 partition."""
+    out, first = built
+    xml = tmp_path / "dump.xml"
+    xml.write_bytes(bz2.decompress(embedded_dump_path().read_bytes()))
+    settings = embedded_settings(str(tmp_path / "out"), entities=ENTITIES, partition_bytes=1_000_000)
+    settings.dumps = [str(xml)]
+    m = build(settings)
+    assert m["partitions"] >= 5
+    assert m["counts"] == first["counts"]
+    ids = lambda o: sorted(r["context_id"] for s in stages.SPLITS for r in _shards(o, s))  # noqa: E731
+    assert ids(tmp_path / "out") == ids(out)
+
+
+def test_truncated_bz2_keeps_what_it_can_read(ray_cluster, tmp_path):
+    data = embedded_dump_path().read_bytes()
+    cut = tmp_path / "cut.xml.bz2"
+    cut.write_bytes(data[: len(data) // 2])
+    settings = embedded_settings(str(tmp_path / "out"), entities=500)
+    settings.dumps = [str(cut)]
+    m = build(settings)
+    assert 0 < m["counts"]["articles"] < 106
+    assert m["reader"]["truncated_bz2"] == 1
+    assert sum(m["counts"]["contexts_per_split"].values()) > 0
+
+
+def test_nothing_readable_is_a_clear_error(ray_cluster, tmp_path):
+    junk = tmp_path / "junk.xml"
+    junk.write_bytes(b"\x00\x01 not a dump at all")
+    settings = embedded_settings(str(tmp_path / "out"))
+    settings.dumps = [str(junk)]
+    with pytest.raises(NothingReadError, match="no article could be read"):
+        build(settings)
+    assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_cli_exit_codes(tmp_path):
+    eae = Path(sys.executable).parent / "eae"
+    missing = subprocess.run([str(eae), "data", "build", "--dump", str(tmp_path / "nope.bz2"), "--out", str(tmp_path)],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "dump not found" in missing.stderr and "Traceback" not in missing.stderr
+    junk = tmp_path / "junk.xml"
+    junk.write_text("<mediawiki><page><title>X</title></mediawiki>")
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    result = subprocess.run([str(eae), "data", "build", "--dump", str(junk), "--out", str(tmp_path / "o")],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "no article could be read" in result.stderr and "Traceback" not in result.stderr

@@ -12,13 +12,14 @@ letter or digit and are not a lone capitalised function word ("The", "In", ...).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 
 from eae_model.contexts import SOURCE_ALIAS, Span
 from eae_model.mentions import NULL_ENTITY
 
-_WORD = re.compile(r"\w+(?:['’.-]\w+)*", re.UNICODE)
+_WORD = re.compile(r"(\w+(?:['’.-]\w+)*)")  # a capture group: re.split keeps the words
 _FUNCTION_WORDS = frozenset(
     "A An And As At But By For From He Her His However I If In It Its Of On Or She So That The Their "
     "There These They This Those To We What When Where Which While Who With You".split()
@@ -32,7 +33,7 @@ class AliasMatcher:
         self.max_words = max_words
         self._aliases: set[tuple[str, ...]] = set()
         for alias in aliases:
-            words = tuple(m.group() for m in _WORD.finditer(alias))
+            words = tuple(_WORD.findall(alias))
             if not words or len(words) > max_words:
                 continue
             if not (words[0][0].isupper() or words[0][0].isdigit()):
@@ -40,7 +41,12 @@ class AliasMatcher:
             if len(words) == 1 and (words[0] in _FUNCTION_WORDS or len(words[0]) < 2):
                 continue
             self._aliases.add(words)
-        self._longest = max((len(a) for a in self._aliases), default=0)
+        # first word -> the word counts of the aliases it starts, longest first: most words
+        # start no alias, and are skipped with one dict lookup.
+        starts: dict[str, set[int]] = {}
+        for words in self._aliases:
+            starts.setdefault(words[0], set()).add(len(words))
+        self._lengths = {w: sorted(n, reverse=True) for w, n in starts.items()}
 
     def __len__(self) -> int:
         return len(self._aliases)
@@ -49,25 +55,28 @@ class AliasMatcher:
         """Unlinked mention spans for alias occurrences in `text` that overlap none of `taken`."""
         if not self._aliases:
             return []
-        words = [(m.start(), m.end(), m.group()) for m in _WORD.finditer(text)]
+        # [separator, word, separator, word, ..., separator]: words and their offsets
+        # without a match object per word.
+        parts = _WORD.split(text)
+        words = parts[1::2]
+        edges = list(itertools.accumulate(map(len, parts)))  # word i spans edges[2i]..edges[2i+1]
         blocked = sorted((s.start, s.end) for s in taken)
         found: list[Span] = []
-        i, b = 0, 0
-        while i < len(words):
-            start = words[i][0]
+        b, next_free = 0, 0
+        # Only words that start some alias can start a match: find them in one pass.
+        for i in [i for i, w in enumerate(words) if w in self._lengths]:
+            if i < next_free:  # inside the previous match
+                continue
+            start = edges[2 * i]
             while b < len(blocked) and blocked[b][1] <= start:
                 b += 1
-            hit = 0
-            if words[i][2][0].isupper() or words[i][2][0].isdigit():
-                for n in range(min(self._longest, len(words) - i), 0, -1):
-                    end = words[i + n - 1][1]
-                    free = b >= len(blocked) or blocked[b][0] >= end
-                    if free and tuple(w for _, _, w in words[i : i + n]) in self._aliases:
-                        hit = n
-                        break
-            if hit:
-                found.append(Span(start, words[i + hit - 1][1], NULL_ENTITY, SOURCE_ALIAS))
-                i += hit
-            else:
-                i += 1
+            for n in self._lengths[words[i]]:
+                if i + n > len(words):
+                    continue
+                end = edges[2 * (i + n - 1) + 1]
+                free = b >= len(blocked) or blocked[b][0] >= end
+                if free and tuple(words[i : i + n]) in self._aliases:
+                    found.append(Span(start, end, NULL_ENTITY, SOURCE_ALIAS))
+                    next_free = i + n
+                    break
         return found

@@ -8,14 +8,21 @@ unlinked) plus unlinked spans from a mention detector; they never overlap.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 from collections import Counter
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from eae_model.mentions import NULL_ENTITY
 from eae_model.tokenizer import WordPieceTokenizer
 
 # Where a mention came from (column `mention_sources`).
 SOURCE_LINK, SOURCE_ALIAS, SOURCE_NER = 0, 1, 2
+# Code points for which str.isspace() is true: the allowed cut positions.
+_SPACE_POINTS = np.array([c for c in range(0x3001) if chr(c).isspace()], dtype=np.uint32)
 
 
 @dataclass
@@ -42,54 +49,60 @@ class Context:
 
 def chunk_boundaries(text: str, spans: list[Span], chunk_bytes: int = 500) -> list[tuple[int, int]]:
     """Character ranges of ~chunk_bytes UTF-8 bytes each, cut at whitespace and never inside a
-    mention (a chunk grows past chunk_bytes rather than split one)."""
-    inside = bytearray(len(text) + 1)  # 1 where a cut would split a mention
-    for s in spans:
-        inside[s.start + 1 : s.end] = b"\x01" * max(0, s.end - s.start - 1)
-    ranges, start, n = [], 0, len(text)
+    mention (a chunk grows past chunk_bytes rather than split one; a text without any allowed
+    cut stays whole)."""
+    n = len(text)
+    if n == 0:
+        return []
+    # byte_at[i]: UTF-8 offset of character i (vectorised: 1-4 bytes per code point).
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    sizes = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+    byte_at = np.concatenate([[0], np.cumsum(sizes)])
+    cuts = np.flatnonzero(np.isin(points, _SPACE_POINTS))
+    if spans and len(cuts):
+        inside = np.zeros(n + 1, dtype=np.int32)  # +1 / -1 at span edges, cumsum > 0 inside
+        for span in spans:
+            inside[span.start + 1] += 1
+            inside[span.end] -= 1
+        cuts = cuts[np.cumsum(inside)[cuts] <= 0]
+    cut_bytes = byte_at[cuts]
+    ranges, start = [], 0
     while start < n:
         while start < n and text[start].isspace():
             start += 1
         if start >= n:
             break
-        # Advance ~chunk_bytes bytes (characters are 1-4 bytes in UTF-8).
-        end, size = start, 0
-        while end < n and size < chunk_bytes:
-            size += len(text[end].encode("utf-8"))
-            end += 1
-        if end < n:
-            cut = end
-            while cut > start and (not text[cut].isspace() or inside[cut]):
-                cut -= 1
-            if cut == start:  # no whitespace (or all inside a mention): cut forward instead
-                cut = end
-                while cut < n and (not text[cut].isspace() or inside[cut]):
-                    cut += 1
-            end = cut
+        target = byte_at[start] + chunk_bytes
+        if byte_at[n] <= target:
+            end = n
+        else:
+            # the last allowed cut within budget, else the first one after it
+            i = int(np.searchsorted(cut_bytes, target, side="right")) - 1
+            if i >= 0 and cuts[i] > start:
+                end = int(cuts[i])
+            else:
+                j = int(np.searchsorted(cuts, start, side="right"))
+                end = int(cuts[j]) if j < len(cuts) else n
         ranges.append((start, end))
         start = end
     return ranges
 
 
-def _token_for_char(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+def _token_for_char(
+    offsets: list[tuple[int, int]], reach: list[int], start: int, end: int
+) -> tuple[int, int] | None:
     """Wordpieces exactly covering the characters [start, end), or None when a wordpiece
-    crosses a boundary or the span lies past the (truncated) tokens."""
-    first = last = None
-    for i, (s, e) in enumerate(offsets):
-        if s == e:  # [CLS]/[SEP]
-            continue
-        if e <= start:
-            continue
-        if s >= end:
-            break
-        if first is None:
-            if s < start:
-                return None  # a wordpiece straddles the mention's start
-            first = i
-        last = i
-        if e > end:
-            return None  # a wordpiece straddles the mention's end
-    if first is None or offsets[last][1] < end:  # nothing, or the tokens stop short of the end
+    crosses a boundary or the span lies past the (truncated) tokens. Specials ([CLS], [SEP])
+    have offsets (0, 0); reach[i] = max end offset of wordpieces 0..i (non-decreasing)."""
+    first = bisect.bisect_right(reach, start)  # the first wordpiece ending after `start`
+    while first < len(offsets) and offsets[first][0] == offsets[first][1]:
+        first += 1
+    if first >= len(offsets) or offsets[first][0] < start or offsets[first][0] >= end:
+        return None
+    last = first
+    while last + 1 < len(offsets) and offsets[last + 1][0] != offsets[last + 1][1] and offsets[last + 1][0] < end:
+        last += 1
+    if offsets[last][1] != end:  # the tokens stop short of the end, or straddle it
         return None
     return first, last
 
@@ -123,13 +136,14 @@ class ContextBuilder:
                 self.truncated_contexts += 1
             ctx = Context(char_offset=a, text=chunk, token_ids=ids, token_offsets=[tuple(o) for o in offsets])
             covered = offsets[-2][1] if len(offsets) > 2 else 0
+            reach = list(itertools.accumulate((e for _, e in ctx.token_offsets), max))
             while j < len(spans) and spans[j].start < b:
                 span = spans[j]
                 j += 1
                 if span.start < a:  # cannot happen: cuts never fall inside a mention
                     raise AssertionError("mention crosses a chunk boundary")
                 s, e = span.start - a, span.end - a
-                placed = _token_for_char(ctx.token_offsets, s, e)
+                placed = _token_for_char(ctx.token_offsets, reach, s, e)
                 if placed is None:
                     reason = "truncated" if e > covered else "no_tokens" if not chunk[s:e].strip() else "misaligned"
                     self.skipped[reason] += 1

@@ -124,6 +124,10 @@ class ContextBuilder:
 
     def build(self, text: str, spans: list[Span]) -> list[Context]:
         spans = sorted(spans, key=lambda s: s.start)
+        for prev, span in zip([None, *spans], spans):
+            if not 0 <= span.start < span.end <= len(text) or (prev is not None and span.start < prev.end):
+                raise ValueError(f"mention span [{span.start}, {span.end}) is empty, outside the text "
+                                 f"of {len(text)} characters, or overlaps the previous one")
         ranges = chunk_boundaries(text, spans, self.chunk_bytes)
         chunks = [text[a:b] for a, b in ranges]
         encodings = self.tokenizer.encode_batch(chunks)

@@ -179,3 +179,39 @@ def test_cli_exit_codes(tmp_path):
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "no article could be read" in result.stderr and "Traceback" not in result.stderr
+
+
+def _page(title, page_id, text):
+    return (f"<page><title>{title}</title><ns>0</ns><id>{page_id}</id><revision><id>1</id>"
+            f"<text xml:space=\"preserve\">{text}</text></revision></page>\n").encode()
+
+
+def test_bad_pages_are_counted_by_reason_and_the_rest_is_built(ray_cluster, tmp_path):
+    good = "'''Good''' is linked to [[Paris]] and [[London|the capital]] and [[ ]] and [[#Top|self]]."
+    dump = b"".join([
+        b"<mediawiki>\n",
+        _page("Alpha", 1, good),
+        _page("Broken", 2, "unclosed <b>tag").replace(b"</text>", b""),  # malformed XML
+        _page("Bad bytes", 3, "café").replace("café".encode(), b"caf\xe9"),  # invalid UTF-8
+        _page("Empty", 4, ""),
+        _page("Huge", 5, "[[Paris]] is big. " * 300_000),  # ~5.4 MB of text
+        _page("Markup", 6, "{{Infobox | x = [[Hidden]] }} {| table |} [[Rome]]s and [[File:X.png|thumb|[[Cap]]]]"),
+        _page("Beta", 7, good),
+        b"</mediawiki>\n",
+    ])
+    path = tmp_path / "bad.xml"
+    path.write_bytes(dump)
+    settings = embedded_settings(str(tmp_path / "out"), entities=10)
+    settings.dumps = [str(path)]
+    m = build(settings)
+    c, skipped = m["counts"], m["skipped"]
+    assert c["pages"] == 5 and c["articles"] == 4  # Alpha, Huge, Markup, Beta
+    assert skipped["pages"]["malformed_xml"] == 1 and skipped["pages"]["invalid_utf8"] == 1
+    assert skipped["pages"]["empty_page"] == 1
+    assert skipped["links"]["empty_target"] >= 2 and skipped["links"]["inside_dropped_markup"] >= 2
+    lines = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert {("malformed_xml", "Broken"), ("invalid_utf8", "Bad bytes"), ("empty_page", "Empty")} <= {
+        (x["reason"], x["page"]) for x in lines if x["kind"] == "page"}
+    entities = pq.read_table(tmp_path / "out" / "entities.parquet").column("title").to_pylist()
+    assert entities[0] == "Paris" and "Rome" in entities and "Hidden" not in entities
+    assert c["contexts"] > 1000  # the huge page is cut into contexts, not dropped

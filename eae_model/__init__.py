@@ -1,8 +1,27 @@
 """Entities as Experts in pure PyTorch: config, model, memory layer, heads, losses, BIO
-decoding, tokenizer, checkpoints. Imports no Ray."""
+decoding, tokenizer, checkpoints, and the data formats. Imports no Ray.
 
-from eae_model.config import PRESETS, EaEConfig, load_config
-from eae_model.mentions import NULL_ENTITY, MentionError, Mentions
-from eae_model.model import EaEModel, EaEOutput
+The model's names are loaded on first use, so the data modules (wikidump, wikitext, synth, ...)
+can be imported without importing torch.
+"""
 
-__all__ = ["PRESETS", "EaEConfig", "load_config", "NULL_ENTITY", "MentionError", "Mentions", "EaEModel", "EaEOutput"]
+import importlib
+
+_EXPORTS = {
+    "PRESETS": "eae_model.config",
+    "EaEConfig": "eae_model.config",
+    "load_config": "eae_model.config",
+    "NULL_ENTITY": "eae_model.mentions",
+    "MentionError": "eae_model.mentions",
+    "Mentions": "eae_model.mentions",
+    "EaEModel": "eae_model.model",
+    "EaEOutput": "eae_model.model",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'eae_model' has no attribute {name!r}")

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 
 from eae_model.contexts import SOURCE_ALIAS, Span
-from eae_model.mentions import NULL_ENTITY
+from eae_model.constants import NULL_ENTITY
 
 _WORD = re.compile(r"(\w+(?:['’.-]\w+)*)")  # a capture group: re.split keeps the words
 _FUNCTION_WORDS = frozenset(

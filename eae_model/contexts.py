@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eae_model.mentions import NULL_ENTITY
+from eae_model.constants import NULL_ENTITY
 from eae_model.tokenizer import WordPieceTokenizer
 
 # Where a mention came from (column `mention_sources`).

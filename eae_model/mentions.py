@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-NULL_ENTITY = -1
+from eae_model.constants import NULL_ENTITY
 
 
 class MentionError(ValueError):

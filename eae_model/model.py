@@ -22,13 +22,13 @@ from torch import nn
 
 from eae_model import bio
 from eae_model.config import EaEConfig
+from eae_model.constants import CLS_TOKEN_ID, SEP_TOKEN_ID
 from eae_model.heads import EntityPredHead, MentionDetectionHead, TokenPredHead
 from eae_model.memory import EntityMemory, MemoryOutput
 from eae_model.mentions import Mentions
 from eae_model.transformer import TokenEmbed, Transformer
 
 IGNORE = -100  # label of tokens without a masked-LM target
-CLS_TOKEN_ID, SEP_TOKEN_ID = 101, 102
 _ALL = object()  # sentinel: use the config's k for the current mode
 
 

@@ -66,7 +66,11 @@ def _data_synth(args: argparse.Namespace) -> int:
     from eae_model.synth import write_world
 
     summary = write_world(Path(args.out), args.entities, args.seed)
-    print(f"wrote a synthetic world to {args.out}: {summary}")
+    print(
+        f"wrote a synthetic world of {summary.num_entities:,} entities ({summary.entities_per_type}), "
+        f"{summary.num_pages:,} pages and questions {summary.questions_per_split} to {args.out}\n"
+        f"build its shards with: eae data build --dump {Path(args.out) / 'world.xml'} --out DIR"
+    )
     return 0
 
 

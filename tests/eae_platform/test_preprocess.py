@@ -215,3 +215,21 @@ def test_bad_pages_are_counted_by_reason_and_the_rest_is_built(ray_cluster, tmp_
     entities = pq.read_table(tmp_path / "out" / "entities.parquet").column("title").to_pylist()
     assert entities[0] == "Paris" and "Rome" in entities and "Hidden" not in entities
     assert c["contexts"] > 1000  # the huge page is cut into contexts, not dropped
+
+
+def test_synthetic_world_goes_through_the_same_build(ray_cluster, tmp_path):
+    eae = Path(sys.executable).parent / "eae"
+    result = subprocess.run([str(eae), "data", "synth", "--out", str(tmp_path / "world"), "--entities", "120",
+                             "--seed", "3"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "eae data build --dump" in result.stdout
+    settings = embedded_settings(str(tmp_path / "out"), entities=1000, dev_fraction=0.1, test_fraction=0.1)
+    settings.dumps = [str(tmp_path / "world" / "world.xml")]
+    m = build(settings)
+    entities = [json.loads(x) for x in (tmp_path / "world" / "entities.jsonl").read_text().splitlines()]
+    assert m["counts"]["articles"] == len(entities) == 120
+    vocab = set(pq.read_table(tmp_path / "out" / "entities.parquet").column("title").to_pylist())
+    # every link target resolves (through the world's redirects) to one of its entities
+    assert vocab <= {e["title"] for e in entities}
+    assert m["counts"]["link_mentions_out_of_vocab"] == 0
+    assert m["counts"]["mentions_linked"] > 500

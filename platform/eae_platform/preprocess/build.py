@@ -135,7 +135,8 @@ def _manifest(settings, partitions, parsed, built, vocab, num_aliases, broken, s
         counts.update(stats["counts"])
         skipped_mentions.update(stats["skipped_mentions"])
         truncated_contexts += stats["truncated_contexts"]
-    for key in ("pages", "articles", "redirects", "links", "tokens", "mentions_linked", "mentions_unlinked"):
+    for key in ("pages", "articles", "redirects", "links", "tokens", "mentions_linked", "mentions_unlinked",
+                "link_mentions_linked", "link_mentions_out_of_vocab"):
         counts.setdefault(key, 0)
     if broken:
         skipped_pages["redirect_loop"] += len(broken)

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from eae_model.aliases import AliasMatcher
 from eae_model.contexts import SOURCE_LINK, ContextBuilder, Span
-from eae_model.mentions import NULL_ENTITY
+from eae_model.constants import NULL_ENTITY
 from eae_model.shards import CONTEXT_ID_STRIDE, SCHEMA, write_table_atomic, write_text_atomic
 from eae_model.tokenizer import WordPieceTokenizer
 from eae_model.wikidump import Partition, iter_pages

@@ -33,7 +33,9 @@ def load_model(directory: str | Path, device: str | torch.device = "cpu") -> EaE
     config = EaEConfig.from_dict(json.loads((directory / CONFIG).read_text()))
     with torch.device("meta"):
         model = EaEModel(config)
-    state = load_file(str(directory / WEIGHTS), device=str(device))
+    # Clone: safetensors hands out views at unaligned offsets of one buffer, and unaligned
+    # weights take other SIMD paths in the CPU kernels (outputs would differ in the last bits).
+    state = {name: t.clone() for name, t in load_file(str(directory / WEIGHTS), device=str(device)).items()}
     model.load_state_dict(state, strict=True, assign=True)
     if model.entity_embeddings is not None:
         model.entity_embeddings.requires_grad_(config.entity_trainable)

@@ -97,14 +97,31 @@ class EaEConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EaEConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown EaEConfig keys: {', '.join(unknown)}")
-        return cls(**data)
+        return cls(**coerce_fields(cls, data))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def coerce_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
+    """Check keys against the dataclass `cls` and convert strings YAML leaves unparsed
+    ("3e-4" is a string in YAML 1.1) to the field's number type; wrong types are errors."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys: {', '.join(unknown)}")
+    out = {}
+    for key, value in data.items():
+        kind = fields[key]
+        try:
+            if isinstance(value, str) and kind.startswith(("float", "int")):
+                value = float(value) if kind.startswith("float") else int(value)
+            elif isinstance(value, int) and not isinstance(value, bool) and kind.startswith("float"):
+                value = float(value)
+        except ValueError:
+            raise ValueError(f"{cls.__name__}.{key} must be a number, got {value!r}") from None
+        out[key] = value
+    return out
 
 
 _BASE = dict(preset="paper")
@@ -161,12 +178,17 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping at the top level")
         data = dict(loaded.get("model", loaded))
-    name = preset or data.pop("preset", None) or "paper"
-    data.pop("preset", None)
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    merged = {**PRESETS[name], **data}
     for text in overrides or []:
         key, value = parse_override(text)
-        merged[key] = value
-    return EaEConfig.from_dict(merged)
+        data[key] = value
+    return config_from_values(preset, data)
+
+
+def config_from_values(preset: str | None, values: dict[str, Any]) -> EaEConfig:
+    """A preset (argument, else values["preset"], else paper) updated with `values`."""
+    values = dict(values)
+    name = preset or values.pop("preset", None) or "paper"
+    values.pop("preset", None)
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return EaEConfig.from_dict({**PRESETS[name], **values})

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eae_model.entity_table import EntityTable, TableOutput
 from eae_model.memory import span_representation
 from eae_model.mentions import Mentions
 
@@ -44,6 +45,9 @@ class EntityPredHead(nn.Module):
         super().__init__()
         self.project_query = nn.Linear(2 * hidden_size, entity_dim, bias=False)
 
-    def forward(self, x4: torch.Tensor, mentions: Mentions, entities: torch.Tensor) -> torch.Tensor:
-        """x4 [B, L, H], M mentions, E [N, d] -> entity logits [M, N]."""
-        return self.project_query(span_representation(x4, mentions)) @ entities.T
+    def forward(
+        self, x4: torch.Tensor, mentions: Mentions, table: EntityTable, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, TableOutput]:
+        """x4 [B, L, H], M mentions -> (h' [M, d], the table's scores and EL loss for targets)."""
+        h = self.project_query(span_representation(x4, mentions))
+        return h, table.attend(h, None, targets, retrieve=False)

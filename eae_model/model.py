@@ -23,6 +23,7 @@ from torch import nn
 from eae_model import bio
 from eae_model.config import EaEConfig
 from eae_model.constants import CLS_TOKEN_ID, SEP_TOKEN_ID
+from eae_model.entity_table import EntityTable, TableOutput
 from eae_model.heads import EntityPredHead, MentionDetectionHead, TokenPredHead
 from eae_model.memory import EntityMemory, MemoryOutput
 from eae_model.mentions import Mentions
@@ -39,7 +40,8 @@ class EaEOutput:
     mentions: Mentions  # the spans used: given (training) or decoded (inference)
     bio_logits: torch.Tensor | None = None  # [B, L, 3]
     memory: MemoryOutput | None = None
-    entity_logits: torch.Tensor | None = None  # EntityPred, [M, N]
+    entity_pred: TableOutput | None = None  # EntityPred's EL loss (and dense logits)
+    entity_queries: torch.Tensor | None = None  # EntityPred's h', [M, d]
     mlm_positions: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch, position) of targets
     mlm_logits: torch.Tensor | None = None  # [T, V] at mlm_positions
     losses: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -47,9 +49,13 @@ class EaEOutput:
 
 
 class EaEModel(nn.Module):
-    def __init__(self, config: EaEConfig, entity_init: torch.Tensor | None = None):
+    def __init__(
+        self, config: EaEConfig, entity_init: torch.Tensor | None = None, entity_table: nn.Module | None = None
+    ):
         """entity_init: optional [num_entities, entity_dim] matrix to start E from (paper
-        section 6: e.g. TransE or Deep-Ed embeddings); frozen if config.entity_trainable is False."""
+        section 6: e.g. TransE or Deep-Ed embeddings); frozen if config.entity_trainable is False.
+        entity_table: a table to use instead of a local EntityTable (e.g. the sharded one of
+        distributed training), with the same interface."""
         super().__init__()
         self.config = c = config
         self.token_embed = TokenEmbed(c)
@@ -63,14 +69,14 @@ class EaEModel(nn.Module):
         else:
             self.entity_memory = self.memory_norm = None
         self.entity_pred = EntityPredHead(c.hidden_size, c.entity_dim) if c.use_entity_pred else None
-        self.entity_embeddings = (
-            nn.Parameter(torch.empty(c.num_entities, c.entity_dim), requires_grad=c.entity_trainable)
-            if c.has_entity_table
-            else None
-        )
-        self.apply(self._init_module)
-        if self.entity_embeddings is not None:
+        if entity_table is None and c.has_entity_table:
+            entity_table = EntityTable(c.num_entities, c.entity_dim, c.entity_trainable)
+            self.entity_table = entity_table
+            self.apply(self._init_module)
             self.set_entity_embeddings(entity_init)
+        else:
+            self.apply(self._init_module)
+            self.entity_table = entity_table  # an outside table keeps its own initialisation
 
     def _init_module(self, module: nn.Module) -> None:
         # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm.
@@ -81,6 +87,11 @@ class EaEModel(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+
+    @property
+    def entity_embeddings(self) -> torch.Tensor | None:
+        """E, [N, d] (this process's rows when the table is sharded)."""
+        return None if self.entity_table is None else self.entity_table.weight
 
     @torch.no_grad()
     def set_entity_embeddings(self, matrix: torch.Tensor | None = None) -> None:
@@ -141,16 +152,19 @@ class EaEModel(nn.Module):
         elif validate:
             mentions.validate(attention_mask, c.num_entities if c.has_entity_table else None)
 
+        # Entity-linking targets: linked mentions of given spans (unlinked: NULL_ENTITY).
+        targets = mentions.entity_ids if given else None
         memory = None
         x3 = x1
         if self.entity_memory is not None:
-            memory = self.entity_memory(x1, mentions, self.entity_embeddings, k)
+            memory_targets = targets if c.memory_el_supervision else None
+            memory = self.entity_memory(x1, mentions, self.entity_table, k, memory_targets)
             x3 = self.memory_norm(memory.x2 + x1)
         x4 = self.transformer_l1(x3, key_mask)
 
         out = EaEOutput(x1=x1, x4=x4, mentions=mentions, bio_logits=bio_logits, memory=memory)
         if self.entity_pred is not None:
-            out.entity_logits = self.entity_pred(x4, mentions, self.entity_embeddings)
+            out.entity_queries, out.entity_pred = self.entity_pred(x4, mentions, self.entity_table, targets)
         if mlm_labels is not None:
             out.mlm_positions = (mlm_labels != IGNORE).nonzero(as_tuple=True)
             out.mlm_logits = self.token_pred(x4[out.mlm_positions], self.token_embed.word.weight)
@@ -172,12 +186,11 @@ class EaEModel(nn.Module):
             weights["mention"] = c.weight_mention
         if m.entity_ids is not None:
             # Entity linking: softmax over all entities, only for linked mentions.
-            targets = torch.where(m.linked(), m.entity_ids, IGNORE)
             if out.memory is not None and c.memory_el_supervision:
-                losses["memory_el"] = _mean_ce(out.memory.logits, targets)
+                losses["memory_el"] = out.memory.loss
                 weights["memory_el"] = c.weight_memory_el
-            if out.entity_logits is not None:
-                losses["entity_pred"] = _mean_ce(out.entity_logits, targets)
+            if out.entity_pred is not None:
+                losses["entity_pred"] = out.entity_pred.loss
                 weights["entity_pred"] = c.weight_entity_pred
         if mlm_labels is not None:
             losses["mlm"] = _mean_ce(out.mlm_logits, mlm_labels[out.mlm_positions])

@@ -17,7 +17,7 @@ COMPONENTS = {
     "mention_head": ("mention_head.",),
     "token_pred": ("token_pred.",),
     "entity_pred": ("entity_pred.",),
-    "entity_table": ("entity_embeddings",),
+    "entity_table": ("entity_table.",),
 }
 
 

@@ -21,7 +21,7 @@ def test_save_load_gives_identical_outputs(tmp_path):
     loaded = load_model(tmp_path / "m").eval()
     assert loaded.config == model.config
     a, b = model(ids, mentions=mentions), loaded(ids, mentions=mentions)
-    assert torch.equal(a.x4, b.x4) and torch.equal(a.entity_logits, b.entity_logits)
+    assert torch.equal(a.x4, b.x4) and torch.equal(a.entity_pred.logits, b.entity_pred.logits)
     # inference path (decoded spans, top-k) too
     assert torch.equal(model(ids).x4, loaded(ids).x4)
 
@@ -52,5 +52,5 @@ def test_bad_directories(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["num_entities"] = 10
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(RuntimeError, match="entity_embeddings"):
+    with pytest.raises(RuntimeError, match="entity_table.weight"):
         load_model(tmp_path)

@@ -136,10 +136,10 @@ def evaluate(model: EaEModel, seed: int, size: int = 512) -> dict[str, float]:
     found = model(input_ids)  # inference: the model decodes its own mentions
     spans = lambda m: list(zip(m.batch_ids.tolist(), m.starts.tolist(), m.ends.tolist()))  # noqa: E731
     gold_entity = dict(zip(spans(mentions), gold.tolist()))
-    predicted = dict(zip(spans(found.mentions), found.entity_logits.argmax(-1).tolist()))
+    predicted = dict(zip(spans(found.mentions), found.entity_pred.logits.argmax(-1).tolist()))
     hits = [span for span in gold_entity if span in predicted]
     return {
-        "entity": (out.entity_logits.argmax(-1) == gold).float().mean().item(),
+        "entity": (out.entity_pred.logits.argmax(-1) == gold).float().mean().item(),
         "memory": (out.memory.logits.argmax(-1) == gold).float().mean().item(),
         "token": (out.mlm_logits.argmax(-1) == targets).float().mean().item(),
         "token_memory_swapped": (swapped.mlm_logits.argmax(-1) == targets).float().mean().item(),

@@ -5,8 +5,17 @@ import math
 import pytest
 import torch
 
+from eae_model.entity_table import EntityTable
 from eae_model.memory import EntityMemory, entity_attention
 from eae_model.mentions import Mentions
+
+
+def T(weight):
+    """An EntityTable over exactly this tensor (gradients reach it)."""
+    table = EntityTable(*weight.shape)
+    del table.weight
+    table.weight = weight
+    return table
 
 
 def _loop_reference(x1, spans, w_f, w_b, table, k):
@@ -46,12 +55,12 @@ def test_hand_computed_two_entities():
     mentions = Mentions.from_lists([[(1, 2)]])
     a0 = math.exp(1) / (math.exp(1) + math.exp(2))
     expected_em = a0 * 1 + (1 - a0) * 2
-    out = layer(x1, mentions, table, k=None)
+    out = layer(x1, mentions, T(table), k=None)
     assert out.x2[0, 1, 0].item() == pytest.approx(3 * expected_em, abs=1e-12)
     assert out.x2[0, 0, 0].item() == 0.0 and out.x2[0, 2, 0].item() == 0.0
     assert out.logits.tolist() == [[1.0, 2.0]]
     # k = 1 keeps only entity 1: alpha = 1, E_m = 2.
-    out_k1 = layer(x1, mentions, table, k=1)
+    out_k1 = layer(x1, mentions, T(table), k=1)
     assert out_k1.x2[0, 1, 0].item() == pytest.approx(6.0, abs=1e-12)
 
 
@@ -63,7 +72,7 @@ def test_matches_loop_reference(k):
     x1 = torch.randn(2, 5, hidden, dtype=torch.float64)
     spans = [(0, 0, 1), (0, 3, 3), (1, 1, 4)]
     mentions = Mentions.from_lists([[(0, 1), (3, 3)], [(1, 4)]])
-    out = layer(x1, mentions, table, k=k)
+    out = layer(x1, mentions, T(table), k=k)
     want_x2, want_em = _loop_reference(
         x1, spans, layer.project_query.weight.tolist(), layer.project_value.weight.tolist(), table, k
     )
@@ -102,7 +111,7 @@ def test_gradients_match_loop_reference_autograd():
     x1 = torch.randn(2, 4, hidden, dtype=torch.float64, requires_grad=True)
     mentions = Mentions.from_lists([[(0, 2)], [(1, 1), (2, 3)]])
     weights = torch.randn(2, 4, hidden, dtype=torch.float64)
-    (layer(x1, mentions, table, k=k).x2 * weights).sum().backward()
+    (layer(x1, mentions, T(table), k=k).x2 * weights).sum().backward()
     got = [x1.grad.clone(), table.grad.clone(), layer.project_query.weight.grad.clone(), layer.project_value.weight.grad.clone()]
 
     x1r = x1.detach().clone().requires_grad_()
@@ -129,7 +138,7 @@ def test_gradcheck_float64(k):
     def fn(x1, table, wf, wb):
         layer.project_query.weight.data, layer.project_value.weight.data = wf, wb
         return torch.func.functional_call(
-            layer, {"project_query.weight": wf, "project_value.weight": wb}, (x1, mentions, table, k)
+            layer, {"project_query.weight": wf, "project_value.weight": wb}, (x1, mentions, T(table), k)
         ).x2
 
     x1 = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
@@ -142,6 +151,6 @@ def test_gradcheck_float64(k):
 def test_empty_mentions_give_zero_output():
     layer = _layer(4, 3)
     x1 = torch.randn(2, 5, 4, dtype=torch.float64)
-    out = layer(x1, Mentions.empty(), torch.randn(6, 3, dtype=torch.float64), k=None)
+    out = layer(x1, Mentions.empty(), T(torch.randn(6, 3, dtype=torch.float64)), k=None)
     assert torch.equal(out.x2, torch.zeros_like(x1))
-    assert out.logits.shape == (0, 6)
+    assert out.logits.shape == (0, 6) and out.loss.item() == 0.0

@@ -51,7 +51,7 @@ def test_forward_follows_the_equations(k):
     torch.testing.assert_close(out.x4, x4)
     # EntityPred: its own W_f on X4 spans, scored against E.
     spans = torch.cat([x4[mentions.batch_ids, mentions.starts], x4[mentions.batch_ids, mentions.ends]], -1)
-    torch.testing.assert_close(out.entity_logits, spans @ model.entity_pred.project_query.weight.T @ E.T)
+    torch.testing.assert_close(out.entity_pred.logits, spans @ model.entity_pred.project_query.weight.T @ E.T)
     torch.testing.assert_close(out.bio_logits, model.mention_head.classifier(x1))
 
 
@@ -66,7 +66,7 @@ def test_losses_are_the_papers_cross_entropies():
     linked = mentions.entity_ids >= 0
     # EL over all entities, only linked mentions (null-entity mentions get no EL loss).
     want_el = F.cross_entropy(out.memory.logits[linked], mentions.entity_ids[linked])
-    want_ep = F.cross_entropy(out.entity_logits[linked], mentions.entity_ids[linked])
+    want_ep = F.cross_entropy(out.entity_pred.logits[linked], mentions.entity_ids[linked])
     # BIO on every real token: B at starts, I inside, O elsewhere.
     bio = torch.zeros_like(ids)
     bio[0, 1], bio[0, 2], bio[0, 5] = 1, 2, 1
@@ -114,7 +114,7 @@ def test_empty_mention_list_is_plain_transformer_plus_layernorm():
     x1 = out.x1
     x3 = model.memory_norm(x1)
     torch.testing.assert_close(out.x4, model.transformer_l1(x3, mask.bool()))
-    assert out.entity_logits.shape == (0, model.config.num_entities)
+    assert out.entity_pred.logits.shape == (0, model.config.num_entities)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +180,7 @@ def test_ablations_run_layers_back_to_back(preset):
     for layer in [*model.transformer_l0.layers, *model.transformer_l1.layers]:
         x = layer(x, mask.bool())
     torch.testing.assert_close(out.x4, x)
-    assert (out.entity_logits is not None) == (preset == "no_eae")
+    assert (out.entity_pred is not None) == (preset == "no_eae")
     assert (model.entity_embeddings is None) == (preset == "mm")
 
 

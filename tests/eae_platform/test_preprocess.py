@@ -103,7 +103,7 @@ def test_every_mention_decodes_back_to_its_text(built):
 
 def test_rerun_skips_complete_partitions_and_rebuilds_damaged_ones(built, ray_cluster):
     out, first = built
-    shard = out / "shards" / "train" / "part-00000.parquet"
+    shard = out / "shards" / "train" / "part-00000-0000.parquet"
     mtime = shard.stat().st_mtime_ns
     again = build(embedded_settings(str(out), entities=ENTITIES))
     assert shard.stat().st_mtime_ns == mtime  # skipped, not rewritten
@@ -113,7 +113,8 @@ def test_rerun_skips_complete_partitions_and_rebuilds_damaged_ones(built, ray_cl
     shard.write_bytes(b"half a shard")
     rebuilt = build(embedded_settings(str(out), entities=ENTITIES))
     assert rebuilt["counts"] == first["counts"]
-    assert pq.read_metadata(shard).num_rows == first["counts"]["contexts_per_split"]["train"]
+    assert pq.read_metadata(shard).num_rows == 1000  # embedded sample: 1,000 contexts a file
+    assert len(_shards(out, "train")) == first["counts"]["contexts_per_split"]["train"]
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):

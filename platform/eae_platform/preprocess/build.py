@@ -42,6 +42,7 @@ class BuildSettings:
     dev_fraction: float = 0.002
     test_fraction: float = 0.002
     partition_bytes: int = 64 * 2**20
+    shard_rows: int = 10_000  # contexts per Parquet file
     alias_mentions: bool = True
 
     def contexts_key(self) -> str:
@@ -190,8 +191,9 @@ def read_manifest(out: str | Path) -> dict:
 
 def embedded_settings(out: str, **overrides) -> BuildSettings:
     """The real Wikipedia sample that ships inside gensim (206 pages). Dev and test take 5%
-    of its articles each (the paper's 0.2% of 106 articles would leave them empty)."""
-    base = dict(dumps=[str(embedded_dump_path())], out=out, dev_fraction=0.05, test_fraction=0.05)
+    of its articles each (the paper's 0.2% of 106 articles would leave them empty), and files
+    hold 1,000 contexts so that several training workers each get some."""
+    base = dict(dumps=[str(embedded_dump_path())], out=out, dev_fraction=0.05, test_fraction=0.05, shard_rows=1000)
     return BuildSettings(**{**base, **overrides})
 
 

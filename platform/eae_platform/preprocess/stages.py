@@ -184,7 +184,13 @@ def contexts_partition(
                 counts[f"mentions_{kind}"] += 1
                 counts[f"mentions_source_{source}"] += 1
     for split in SPLITS:
-        write_table_atomic(pa.table(rows[split], schema=SCHEMA), out / "shards" / split / f"{part_name(index)}.parquet")
+        folder = out / "shards" / split
+        for stale in folder.glob(f"{part_name(index)}-*.parquet"):  # from a run with other settings
+            stale.unlink()
+        table = pa.table(rows[split], schema=SCHEMA)
+        # Files of at most shard_rows contexts: files are what training workers are dealt.
+        for j, offset in enumerate(range(0, max(table.num_rows, 1), settings["shard_rows"])):
+            write_table_atomic(table.slice(offset, settings["shard_rows"]), folder / f"{part_name(index)}-{j:04d}.parquet")
     stats = {
         "partition": index,
         "settings_key": settings["key"],

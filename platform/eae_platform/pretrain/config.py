@@ -1,0 +1,99 @@
+"""Pretraining configuration: the model's EaEConfig plus TrainConfig, one YAML file.
+
+    model:            # EaEConfig keys (a preset, then overrides)
+      preset: tiny
+    train:            # TrainConfig keys
+      data: runs/wiki-sample
+      max_steps: 200
+
+Command-line overrides name the section: `--set train.lr=3e-4 --set model.k_train=100`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eae_model.config import EaEConfig, coerce_fields, config_from_values, parse_override
+
+
+@dataclass
+class TrainConfig:
+    data: str = "runs/wiki-sample"  # an `eae data build` output directory
+    batch_size: int = 4096  # global: summed over workers (paper 4096)
+    max_steps: int = 1_000_000  # paper 1M
+    lr: float = 1e-4  # Adam (paper)
+    warmup_fraction: float = 0.05  # linear warmup over the first 5% of steps, then linear decay
+    grad_clip: float = 1.0  # global gradient norm
+    mask_rate: float = 0.2  # share of mentions masked, redrawn every epoch
+    seed: int = 0
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    use_gpu: bool = False
+    shard_entity_table: bool = True  # rows of E partitioned over workers (parameter-server style)
+    log_every: int = 10
+    checkpoint_every: int = 100
+    eval_batches: int = 20  # dev batches per evaluation (0: the whole dev split)
+    max_failures: int = 0  # worker crashes survived by restarting from the last checkpoint
+    name: str = "eae-pretrain"  # Ray Train run name: relaunching with the same name resumes
+    storage_path: str = "runs/ray"  # Ray Train storage (checkpoints)
+    out: str | None = None  # where the final model directory goes
+    experiment: str = "eae-pretrain"  # MLflow experiment
+    register_as: str | None = "eae"  # MLflow registered model name (None: do not register)
+    alias: str = "latest"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.batch_size % max(self.num_workers, 1):
+            problems.append(f"batch_size {self.batch_size} is not divisible by num_workers {self.num_workers}")
+        for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.mask_rate <= 1 or not 0 <= self.warmup_fraction < 1:
+            problems.append("mask_rate must be in [0, 1] and warmup_fraction in [0, 1)")
+        if problems:
+            raise ValueError("invalid TrainConfig: " + "; ".join(problems))
+
+    @property
+    def batch_per_worker(self) -> int:
+        return self.batch_size // self.num_workers
+
+
+@dataclass
+class PretrainConfig:
+    model: EaEConfig
+    train: TrainConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "train": dataclasses.asdict(self.train)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PretrainConfig":
+        return cls(EaEConfig.from_dict(data["model"]), TrainConfig(**coerce_fields(TrainConfig, data["train"])))
+
+
+def load_pretrain_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None
+) -> PretrainConfig:
+    """YAML file (sections `model:` and `train:`), then `section.key=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict) or set(data) - {"model", "train"}:
+            raise ValueError(f"{path}: expected top-level sections `model:` and `train:` only")
+    model, train = dict(data.get("model") or {}), dict(data.get("train") or {})
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        section, _, name = key.partition(".")
+        if section == "model" and name:
+            model[name] = value
+        elif section == "train" and name in known:
+            train[name] = value
+        else:
+            raise ValueError(f"override {key!r} must be model.<key> or train.<key> (one of {', '.join(sorted(known))})")
+    return PretrainConfig(config_from_values(preset, model), TrainConfig(**coerce_fields(TrainConfig, train)))

@@ -1,0 +1,129 @@
+"""What each training worker reads, in a deterministic order, and how rows become batches.
+
+Exact resumption (a relaunched run consumes exactly the examples an uninterrupted one would)
+needs every worker's example stream to be a pure function of (seed, epoch, rank). Ray Data's
+`streaming_split` hands blocks to whichever worker asks first, so instead each worker streams
+its own files through its own Ray Data pipeline (`read_parquet`, order preserved):
+
+- epoch e: the shard files are permuted with seed (seed, e) and dealt round-robin to ranks;
+- every rank runs the same number of steps per epoch, the smallest number of full batches any
+  rank has (the rest of the epoch's rows are dropped; the next epoch deals the files anew);
+- masking is drawn per example from seed (seed, epoch, context_id): 20% of mentions, all
+  their tokens replaced by [MASK], redrawn every epoch, independent of batch composition;
+- resuming at (epoch, step) skips `step` batches of that epoch's stream.
+Shards are the unit of assignment: build data with enough files per split (`eae data build
+--shard-rows`) that each worker gets several.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from eae_model.constants import MASK_TOKEN_ID, NULL_ENTITY
+from eae_model.mentions import Mentions
+from eae_model.model import IGNORE
+
+COLUMNS = ["context_id", "token_ids", "mention_starts", "mention_ends", "mention_entity_ids"]
+
+
+def shard_files(data_dir: str | Path, split: str) -> list[str]:
+    files = sorted(str(p) for p in (Path(data_dir) / "shards" / split).glob("part-*.parquet"))
+    return [f for f in files if pq.read_metadata(f).num_rows > 0]
+
+
+def files_for_rank(files: list[str], seed: int, epoch: int, rank: int, world_size: int) -> list[str]:
+    order = np.random.default_rng([seed, epoch]).permutation(len(files))
+    return [files[i] for i in order[rank::world_size]]
+
+
+def steps_per_epoch(files: list[str], seed: int, epoch: int, world_size: int, batch_size: int) -> int:
+    """Full batches per rank in this epoch: the same for every rank (the smallest)."""
+    rows = {f: pq.read_metadata(f).num_rows for f in files}
+    per_rank = [
+        sum(rows[f] for f in files_for_rank(files, seed, epoch, r, world_size)) // batch_size
+        for r in range(world_size)
+    ]
+    return min(per_rank)
+
+
+@dataclass
+class Batch:
+    context_ids: torch.Tensor  # [B]
+    input_ids: torch.Tensor  # [B, L], masked
+    attention_mask: torch.Tensor  # [B, L]
+    mlm_labels: torch.Tensor  # [B, L], original token at masked positions, IGNORE elsewhere
+    mentions: Mentions
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(
+            self.context_ids.to(device),
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.mlm_labels.to(device),
+            self.mentions.to(device),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float, num_entities: int | None) -> Batch:
+    """Ray Data numpy batch (columns of per-row arrays) -> a padded, masked Batch.
+
+    Entity ids >= num_entities (data built with a larger vocabulary than the model's table)
+    become unlinked; None keeps them as they are."""
+    context_ids = rows["context_id"].astype(np.int64)
+    tokens = rows["token_ids"]
+    batch, length = len(tokens), max(len(t) for t in tokens)
+    input_ids = np.zeros((batch, length), dtype=np.int64)
+    attention = np.zeros((batch, length), dtype=np.int64)
+    labels = np.full((batch, length), IGNORE, dtype=np.int64)
+    b_ids, starts, ends, entities = [], [], [], []
+    for b in range(batch):
+        ids = np.asarray(tokens[b], dtype=np.int64)
+        input_ids[b, : len(ids)] = ids
+        attention[b, : len(ids)] = 1
+        s = np.asarray(rows["mention_starts"][b], dtype=np.int64)
+        t = np.asarray(rows["mention_ends"][b], dtype=np.int64)
+        e = np.asarray(rows["mention_entity_ids"][b], dtype=np.int64)
+        rng = np.random.default_rng([seed, epoch, int(context_ids[b])])
+        masked = rng.random(len(s)) < mask_rate
+        for start, end in zip(s[masked], t[masked]):
+            labels[b, start : end + 1] = input_ids[b, start : end + 1]
+            input_ids[b, start : end + 1] = MASK_TOKEN_ID
+        b_ids.append(np.full(len(s), b))
+        starts.append(s)
+        ends.append(t)
+        entities.append(e)
+    entity_ids = np.concatenate(entities) if entities else np.zeros(0, np.int64)
+    if num_entities is not None:
+        entity_ids = np.where(entity_ids < num_entities, entity_ids, NULL_ENTITY)
+    as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))  # noqa: E731
+    mentions = Mentions(as_t(np.concatenate(b_ids)), as_t(np.concatenate(starts)), as_t(np.concatenate(ends)), as_t(entity_ids))
+    return Batch(as_t(context_ids), as_t(input_ids), as_t(attention), as_t(labels), mentions)
+
+
+def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0):
+    """The rank's batches of one epoch (Ray Data streaming, order preserved), after skipping
+    the first `skip_steps` (resumption); stops at steps_per_epoch."""
+    import ray.data
+
+    steps = steps_per_epoch(files, seed, epoch, world_size, batch_size)
+    mine = files_for_rank(files, seed, epoch, rank, world_size)
+    if steps == 0 or not mine:
+        return
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    dataset = ray.data.read_parquet(mine, columns=COLUMNS, shuffle=None)
+    for step, rows in enumerate(dataset.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True)):
+        if step >= steps:
+            break
+        if step < skip_steps:
+            continue
+        yield step, collate(rows, seed, epoch, mask_rate, num_entities)

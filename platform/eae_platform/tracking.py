@@ -1,0 +1,1019 @@
+"""MLflow tracking for pretraining runs, built to survive the tracking server going away.
+
+A `Tracker` (used from rank 0 of training only) records a run: the whole config as flattened
+params plus a `config.json` artifact, metrics with their steps (losses per head, dev entity and
+token accuracy and perplexity, tokens/s and step time), checkpoints as artifacts, and the final
+model as a registered MLflow model with an alias (`models:/<name>@<alias>`).
+
+Where: `tracking_uri()`: MLFLOW_TRACKING_URI when set, else an embedded SQLite store
+`mlflow.db` in the working directory.
+
+When the store is unreachable, nothing raises out of the logging calls and nothing is dropped:
+  * every MLflow call fails fast (MLflow's own HTTP retries are cut down, see `FAST_FAIL_ENV`);
+  * what could not be sent is queued in memory (metrics keep their step and original timestamp,
+    so resending is idempotent) and journaled to `<spool_dir>/mlflow-unsent-<run_id>.jsonl`
+    (crash-safe); artifacts and models to register are first staged (hard links where possible)
+    under `<spool_dir>/mlflow-unsent-<run_id>/` so that checkpoint rotation cannot remove them;
+  * one line is printed when the store becomes unreachable and one when it is back; while it is
+    down, the store is tried again at most every `retry_interval_s` seconds (training does not
+    pay a timeout per call), and the queue is sent in order when it answers;
+  * `close()` tries once more (for up to `close_wait_s`), then writes whatever is still unsent to
+    the JSONL file (exactly the unsent items), prints and returns a `CloseReport`;
+    `replay_unsent(path)` sends such a file later.
+Programming errors (a non-numeric metric, a step that is no int, a param changed after it was
+logged, a reserved alias) raise at once, before anything is queued. Items the server rejects
+(answers with a client error) are reported in `CloseReport.rejected`, never retried forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import mlflow.pyfunc
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+# Applied with os.environ.setdefault when a Tracker is created (the user's values win). MLflow's
+# defaults (7 retries, backoff factor 2, 120 s timeout) make one call to a dead server block for
+# minutes; with these a refused connection fails in ~2 s and a hung server in ~17 s.
+FAST_FAIL_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+}
+
+MODEL_DIR_ARTIFACT = "model_dir"  # key of the EaE model directory among the pyfunc's artifacts
+DEFAULT_ALIAS = "champion"  # MLflow reserves "latest" (and "v<N>") as alias names
+PARAM_TRUNCATED = "...[truncated; full value in config.json]"
+
+# MLflow error codes that mean "try again later"; any other MlflowException is the server
+# refusing the request (bad value, conflict, missing run): retrying cannot help.
+_TRANSIENT_CODES = {
+    "INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "IO_ERROR", "SERVICE_UNDER_MAINTENANCE",
+    "WORKSPACE_TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED",
+    "ABORTED", "REQUEST_LIMIT_EXCEEDED", "UNPARSEABLE_HTTP_ERROR", "COULD_NOT_ACQUIRE_LOCK",
+}  # fmt: skip
+
+_PREFIX = "[eae tracking]"
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI when set, else the embedded SQLite store `mlflow.db` in the working
+    directory (an absolute URI, so a later chdir does not move it)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    return uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def _say(message: str) -> None:
+    print(f"{_PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """True for failures of the store or the way to it (connection refused, timeout, 5xx,
+    database locked), False for a request the store refused."""
+    if isinstance(exc, MlflowException):
+        return exc.error_code in _TRANSIENT_CODES
+    try:
+        import requests
+
+        if isinstance(exc, requests.RequestException):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import sqlalchemy.exc
+
+        if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return isinstance(exc, (ConnectionError, TimeoutError, OSError))
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Config flattening and validation
+
+
+def _config_to_dict(config: Any) -> dict:
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    if hasattr(config, "to_dict") and callable(config.to_dict):
+        return dict(config.to_dict())
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise TypeError(f"config must be a mapping or a dataclass, not {type(config).__name__}")
+
+
+def _param_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    return json.dumps(value, default=str)
+
+
+def flatten_config(config: Any, sep: str = ".") -> dict[str, str]:
+    """Nested mappings (and dataclasses) -> {"model.hidden_size": "64", ...}; strings stay as
+    they are, everything else is JSON (`true`, `null`, `[1, 2]`)."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            node = dataclasses.asdict(node)
+        if isinstance(node, Mapping) and (node or not prefix):
+            for key, value in node.items():
+                walk(f"{prefix}{sep}{key}" if prefix else str(key), value)
+        else:
+            out[prefix] = _param_value(node)
+
+    walk("", _config_to_dict(config))
+    return out
+
+
+def _metric_value(key: str, value: Any) -> float:
+    if isinstance(value, numbers.Real):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item) and not isinstance(value, (str, bytes)):
+        try:
+            result = item()
+        except (ValueError, RuntimeError) as exc:  # more than one element
+            raise TypeError(f"metric {key!r}: {type(value).__name__} is not a scalar ({exc})") from None
+        if isinstance(result, numbers.Real):
+            return float(result)
+    raise TypeError(f"metric {key!r} must be a real number, got {type(value).__name__}: {value!r}")
+
+
+def _validate_key(kind: str, key: Any) -> str:
+    from mlflow.utils import validation as v
+
+    if not isinstance(key, str):
+        raise TypeError(f"{kind} name must be a str, got {type(key).__name__}: {key!r}")
+    check = {"metric": v._validate_metric_name, "param": v._validate_param_name, "tag": v._validate_tag_name}
+    try:
+        check[kind](key)
+        if len(key) > v.MAX_ENTITY_KEY_LENGTH:
+            raise MlflowException(f"longer than {v.MAX_ENTITY_KEY_LENGTH} characters")
+    except MlflowException as exc:
+        raise ValueError(f"invalid {kind} name {key!r}: {exc.message}") from None
+    return key
+
+
+def _validate_alias(alias: str) -> None:
+    from mlflow.utils import validation as v
+
+    try:
+        v._validate_model_alias_name(alias)
+        v._validate_model_alias_name_reserved(alias)
+    except MlflowException as exc:
+        raise ValueError(f"invalid model alias {alias!r}: {exc.message}") from None
+
+
+def _stage(source: Path, target: Path) -> None:
+    """Copy a file or tree to `target` with hard links where possible (cheap, and immune to the
+    source being deleted), else plain copies."""
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, target, copy_function=link_or_copy)
+    else:
+        link_or_copy(str(source), str(target))
+
+
+# ---------------------------------------------------------------------------------------------
+# The registered model
+
+
+class EaEPyfuncModel(mlflow.pyfunc.PythonModel):
+    """MLflow pyfunc wrapper of a saved EaE model directory (`model.safetensors` + `config.json`,
+    as `eae_model.checkpoint.save_model` writes it), held among the pyfunc's artifacts.
+
+    After `m = mlflow.pyfunc.load_model("models:/eae@champion")`,
+    `m.unwrap_python_model().model_dir` is the local directory and `.model` the loaded EaEModel.
+    predict takes texts (a str, a list of str, {"text": str | list[str]} or a DataFrame with a
+    "text" column) and returns, per text, the detected mentions with character offsets and the
+    best entity id (EntityPred, else the memory's retrieval scores)."""
+
+    def load_context(self, context) -> None:
+        from eae_model.checkpoint import load_model
+
+        self.model_dir = Path(context.artifacts[MODEL_DIR_ARTIFACT])
+        self.model = load_model(self.model_dir).eval()
+        self._tokenizer = None
+
+    @staticmethod
+    def _texts(model_input: Any) -> list[str]:
+        if isinstance(model_input, str):
+            return [model_input]
+        if isinstance(model_input, Mapping):
+            model_input = model_input["text"]
+            return [model_input] if isinstance(model_input, str) else [str(t) for t in model_input]
+        if hasattr(model_input, "columns") and "text" in model_input.columns:  # pandas
+            return [str(t) for t in model_input["text"].tolist()]
+        if hasattr(model_input, "iloc"):  # a DataFrame of one unnamed column, or a Series
+            return [str(t) for t in (model_input.iloc[:, 0] if model_input.ndim == 2 else model_input)]
+        return [str(t) for t in model_input]
+
+    def predict(self, context, model_input, params=None):
+        import torch
+
+        from eae_model.tokenizer import WordPieceTokenizer
+
+        texts = self._texts(model_input)
+        if not texts:
+            return []
+        if self._tokenizer is None:
+            self._tokenizer = WordPieceTokenizer()
+        c, tok = self.model.config, self._tokenizer
+        encodings = []
+        for enc in tok.encode_batch(texts):
+            ids, offsets = enc.ids, enc.offsets
+            if len(ids) > c.max_length:  # keep [CLS] ... and a closing [SEP]
+                ids, offsets = ids[: c.max_length - 1] + [tok.sep_id], offsets[: c.max_length - 1] + [(0, 0)]
+            encodings.append((ids, offsets))
+        width = max(len(ids) for ids, _ in encodings)
+        input_ids = torch.full((len(texts), width), c.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(texts), width), dtype=torch.long)
+        for b, (ids, _) in enumerate(encodings):
+            input_ids[b, : len(ids)] = torch.tensor(ids)
+            attention[b, : len(ids)] = 1
+        with torch.no_grad():
+            out = self.model(input_ids, attention)
+        results: list[list[dict]] = [[] for _ in texts]
+        logits = _entity_logits(out)
+        m = out.mentions
+        if len(m) == 0:
+            return results
+        scores = ids_best = None
+        if logits is not None and logits.shape[0] == len(m):
+            scores, ids_best = logits.float().softmax(-1).max(-1)
+        for i in range(len(m)):
+            b, s, t = int(m.batch_ids[i]), int(m.starts[i]), int(m.ends[i])
+            offsets = encodings[b][1]
+            start, end = offsets[s][0], offsets[t][1]
+            item = {"start": start, "end": end, "mention": texts[b][start:end]}
+            if ids_best is not None:
+                item |= {"entity_id": int(ids_best[i]), "score": float(scores[i])}
+            results[b].append(item)
+        return results
+
+
+def _entity_logits(out: Any):
+    """[M, N] entity scores of the decoded mentions: EntityPred's, else the memory's (None
+    where the table is sharded or the model has neither)."""
+    for holder, name in ((getattr(out, "entity_pred", None), "logits"), (out, "entity_logits"), (getattr(out, "memory", None), "logits")):
+        logits = getattr(holder, name, None) if holder is not None else None
+        if logits is not None and hasattr(logits, "softmax"):
+            return logits
+    return None
+
+
+def _pip_requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    reqs = []
+    for dist in ("mlflow", "torch", "safetensors", "tokenizers", "pyyaml", "numpy"):
+        try:
+            reqs.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            reqs.append(dist)
+    return reqs
+
+
+def _model_dir_path_in(mlmodel_dir: Path) -> str:
+    from mlflow.models import Model
+
+    flavor = Model.load(str(mlmodel_dir / "MLmodel")).flavors.get("python_function", {})
+    try:
+        return flavor["artifacts"][MODEL_DIR_ARTIFACT]["path"]
+    except (KeyError, TypeError):
+        raise ValueError(f"not an EaE model: its MLmodel has no {MODEL_DIR_ARTIFACT!r} artifact") from None
+
+
+def download_model_dir(model_uri: str, dst_path: str | Path | None = None, uri: str | None = None) -> Path:
+    """Download the EaE model directory (`model.safetensors` + `config.json`) of a registered
+    model, e.g. `models:/eae@champion`, and return its local path (under `dst_path`, else a new
+    temporary directory). Nothing but the model directory and the small MLmodel file move."""
+    from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
+
+    uri = uri or tracking_uri()
+    dst = Path(dst_path) if dst_path else Path(tempfile.mkdtemp(prefix="eae-model-"))
+    dst.mkdir(parents=True, exist_ok=True)
+    repo = ModelsArtifactRepository(model_uri, tracking_uri=uri, registry_uri=uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo.download_artifacts("MLmodel", dst_path=tmp)
+        inner = _model_dir_path_in(Path(tmp))
+    return Path(repo.download_artifacts(inner, dst_path=str(dst)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The tracker
+
+
+@dataclasses.dataclass
+class CloseReport:
+    """What `Tracker.close()` could not log. `ok` when everything was sent."""
+
+    run_id: str
+    uri: str
+    status: str
+    unsent_metrics: int = 0
+    unsent_params: int = 0
+    unsent_tags: int = 0
+    unsent_artifacts: list[str] = dataclasses.field(default_factory=list)  # artifact paths
+    unsent_models: list[str] = dataclasses.field(default_factory=list)  # "name@alias"
+    status_unsent: bool = False
+    rejected: list[str] = dataclasses.field(default_factory=list)  # refused by the server, why
+    unsent_path: Path | None = None  # the JSONL file holding everything above
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.unsent_metrics or self.unsent_params or self.unsent_tags or self.unsent_artifacts
+            or self.unsent_models or self.status_unsent or self.rejected
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"run {self.run_id}: everything logged to {self.uri}"
+        parts = [
+            f"{n} {what}"
+            for n, what in (
+                (self.unsent_metrics, "metrics"), (self.unsent_params, "params"), (self.unsent_tags, "tags"),
+                (len(self.unsent_artifacts), "artifact uploads"), (len(self.unsent_models), "model registrations"),
+            )  # fmt: skip
+            if n
+        ]
+        if self.status_unsent:
+            parts.append(f"the final status {self.status}")
+        text = f"run {self.run_id}: NOT logged to {self.uri}: " + (", ".join(parts) or "nothing queued")
+        if self.rejected:
+            text += f"; {len(self.rejected)} refused by the server: " + "; ".join(self.rejected[:5])
+        if self.unsent_path:
+            text += f"; written to {self.unsent_path} (send later with eae_platform.tracking.replay_unsent)"
+        return text
+
+
+class TrackingUnavailable(RuntimeError):
+    """A new run could not be created because the tracking store is unreachable."""
+
+
+class Tracker:
+    """One MLflow run, logged from rank 0 of training. See the module docstring for what
+    happens when the store is unreachable.
+
+    experiment: experiment name (created if missing); run_name, tags: for a new run;
+    uri: tracking URI (default `tracking_uri()`); run_id: resume that run instead of creating
+    one (works offline: everything queues until the store answers); spool_dir: where the
+    unsent-items journal and staged artifacts go (default: the working directory);
+    retry_interval_s: while the store is unreachable, how often to try it again;
+    close_wait_s: how long close() keeps trying before writing the unsent file."""
+
+    def __init__(
+        self,
+        experiment: str,
+        run_name: str | None = None,
+        uri: str | None = None,
+        run_id: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        spool_dir: str | Path | None = None,
+        retry_interval_s: float = 30.0,
+        close_wait_s: float = 10.0,
+    ):
+        for key, value in FAST_FAIL_ENV.items():
+            os.environ.setdefault(key, value)
+        self.uri = uri or tracking_uri()
+        self.experiment = experiment
+        self.spool_dir = Path(spool_dir) if spool_dir else Path.cwd()
+        self.retry_interval_s = float(retry_interval_s)
+        self.close_wait_s = float(close_wait_s)
+        self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self._http = self.uri.startswith(("http://", "https://"))
+        self._local_retries = 0 if self._http else 2  # MLflow retries HTTP itself
+
+        self._params: dict[str, str] = {}  # every param value given, sent or not
+        self._q_params: dict[str, str] = {}
+        self._q_tags: dict[str, str] = {}
+        self._q_metrics: deque[tuple[str, float, int, int]] = deque()  # key, value, timestamp ms, step
+        self._q_files: deque[dict] = deque()  # {"type": "artifacts", local_path, artifact_path, staged}
+        self._q_models: deque[dict] = deque()  # {"type": "register_model", model_dir, name, alias, ...}
+        self._rejected: list[dict] = []
+        self._down = False
+        self._next_try = 0.0
+        self._journal_path: Path | None = None
+        self._closed: CloseReport | None = None
+        self.registered: list[dict] = []  # {"name", "alias", "version", "model_id", "uri"} per model
+        self.events: list[str] = []  # the lines printed about the store's reachability
+
+        self.experiment_id: str | None = None
+        if run_id is None:
+            try:
+                self.experiment_id = self._call(self._experiment_id, experiment)
+                all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+                run = self._call(self._client.create_run, self.experiment_id, tags=all_tags, run_name=run_name)
+            except Exception as exc:
+                if not _is_transient(exc):
+                    raise
+                raise TrackingUnavailable(
+                    f"cannot create an MLflow run: tracking store {self.uri} unreachable ({_short(exc)})"
+                ) from exc
+            self.run_id = run.info.run_id
+        else:
+            self.run_id = run_id
+            try:
+                run = self._call(self._client.get_run, run_id)
+                self.experiment_id = run.info.experiment_id
+                self._params.update(run.data.params)
+                self._call(self._client.update_run, run_id, "RUNNING")
+            except Exception as exc:
+                if not _is_transient(exc):
+                    raise
+                self._mark_down(exc)  # resume offline: everything queues
+            if tags:
+                self.set_tags(tags)
+
+    # --- public API -----------------------------------------------------------------------
+
+    @property
+    def reachable(self) -> bool:
+        """False from the moment a call failed for want of the store until one succeeds."""
+        return not self._down
+
+    @property
+    def pending(self) -> dict[str, int]:
+        return {
+            "metrics": len(self._q_metrics), "params": len(self._q_params), "tags": len(self._q_tags),
+            "artifacts": len(self._q_files), "models": len(self._q_models),
+        }  # fmt: skip
+
+    @property
+    def unsent_path(self) -> Path:
+        return self.spool_dir / f"mlflow-unsent-{self.run_id}.jsonl"
+
+    def log_config(self, config: Any) -> dict[str, str]:
+        """Log a (nested) config: flattened params (`model.hidden_size`) plus the whole config
+        as `config.json`. Values longer than MLflow's limit are truncated in the params (the
+        JSON has them whole). Raises ValueError when a param already logged in this run (also
+        in an earlier attempt of a resumed run) had another value. Returns the params."""
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        self._check_open()
+        data = _config_to_dict(config)
+        params = flatten_config(data)
+        truncated = []
+        for key, value in params.items():
+            _validate_key("param", key)
+            if len(value) > MAX_PARAM_VAL_LENGTH:
+                params[key] = value[: MAX_PARAM_VAL_LENGTH - len(PARAM_TRUNCATED)] + PARAM_TRUNCATED
+                truncated.append(key)
+        conflicts = {k: (self._params[k], v) for k, v in params.items() if k in self._params and self._params[k] != v}
+        if conflicts:
+            shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(conflicts.items())[:10])
+            raise ValueError(f"MLflow params are immutable; run {self.run_id} already has other values for {shown}")
+        if truncated:
+            _say(f"params {', '.join(truncated)} truncated to {MAX_PARAM_VAL_LENGTH} characters; config.json has them whole")
+        new = {k: v for k, v in params.items() if k not in self._params}
+        self._params.update(params)
+        self._q_params.update(new)
+        self._journal([{"type": "param", "key": k, "value": v} for k, v in new.items()])
+        path = Path(tempfile.mkdtemp(prefix="eae-config-")) / "config.json"
+        path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        self._enqueue_file(path, None, staged=False, cleanup=True)
+        self._maybe_flush()
+        return params
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._check_open()
+        items = {_validate_key("tag", str(k)): str(v) for k, v in tags.items()}
+        self._q_tags.update(items)
+        self._journal([{"type": "tag", "key": k, "value": v} for k, v in items.items()])
+        self._maybe_flush()
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int, timestamp_ms: int | None = None) -> None:
+        """Log {name: number} at `step`. Raises TypeError/ValueError for a bad name, value or
+        step; never for the store."""
+        self._check_open()
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"step must be an int, got {type(step).__name__}: {step!r}")
+        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        items = [(_validate_key("metric", k), _metric_value(k, v), ts, int(step)) for k, v in metrics.items()]
+        self._q_metrics.extend(items)
+        self._journal([_metric_record(m) for m in items])
+        self._maybe_flush()
+
+    def log_train_step(self, step: int, losses: Mapping[str, Any], step_time_s: float, tokens: int, **extra: Any) -> None:
+        """Training metrics of one step: `train/loss` (the total, when `losses` has "total" or
+        "loss"), `train/loss_<head>` per head, `train/step_time_s`, `train/tokens_per_s`."""
+        metrics: dict[str, Any] = {}
+        for head, value in losses.items():
+            metrics["train/loss" if head in ("total", "loss") else f"train/loss_{head}"] = value
+        step_time_s = float(step_time_s)
+        metrics["train/step_time_s"] = step_time_s
+        metrics["train/tokens_per_s"] = tokens / step_time_s if step_time_s > 0 else math.nan
+        metrics.update({f"train/{k}": v for k, v in extra.items()})
+        self.log_metrics(metrics, step)
+
+    def log_dev(self, step: int, entity_accuracy: float, token_accuracy: float, perplexity: float, **extra: Any) -> None:
+        """Dev-split metrics: `dev/entity_accuracy`, `dev/token_accuracy`, `dev/perplexity`,
+        plus `dev/<name>` for each extra (e.g. per-head losses)."""
+        metrics = {"dev/entity_accuracy": entity_accuracy, "dev/token_accuracy": token_accuracy, "dev/perplexity": perplexity}
+        metrics.update({f"dev/{k}": v for k, v in extra.items()})
+        self.log_metrics(metrics, step)
+
+    def log_artifacts(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file or a directory tree under `artifact_path` of the run. If the store is
+        unreachable, the files are staged (hard links) and uploaded later."""
+        self._check_open()
+        local_path = Path(local_path)
+        if not local_path.exists():
+            raise FileNotFoundError(f"{local_path} does not exist")
+        self._enqueue_file(local_path, artifact_path, staged=False)
+        self._maybe_flush()
+        self._stage_pending()  # what is still queued must not depend on the caller's files
+
+    def log_checkpoint(self, checkpoint_dir: str | Path, step: int) -> str:
+        """A checkpoint directory as artifacts `checkpoints/step-<step>`; returns that path."""
+        path = f"checkpoints/step-{int(step):08d}"
+        self.log_artifacts(checkpoint_dir, path)
+        return path
+
+    def register_model(
+        self, model_dir: str | Path, name: str, alias: str = DEFAULT_ALIAS, step: int = 0, artifact_name: str = "model"
+    ) -> str:
+        """Log the EaE model directory as an MLflow pyfunc model (an `EaEPyfuncModel` whose
+        artifacts hold the directory) linked to this run, register it as a new version of `name`
+        and point `alias` at it. Returns `models:/<name>@<alias>`. If the store is unreachable
+        the registration is queued (the directory staged) and done when it answers or at close;
+        until then the URI resolves to the previous version, if any."""
+        from eae_model.checkpoint import CONFIG, WEIGHTS
+
+        self._check_open()
+        model_dir = Path(model_dir)
+        for file in (WEIGHTS, CONFIG):
+            if not (model_dir / file).is_file():
+                raise FileNotFoundError(f"{model_dir / file} not found: not a saved EaE model directory")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"invalid registered model name {name!r}")
+        _validate_alias(alias)
+        entry = {
+            "type": "register_model", "model_dir": str(model_dir), "name": name, "alias": alias,
+            "step": int(step), "artifact_name": artifact_name, "staged": False,
+        }  # fmt: skip
+        self._q_models.append(entry)
+        self._journal([entry])
+        self._maybe_flush()
+        self._stage_pending()
+        return f"models:/{name}@{alias}"
+
+    def flush(self) -> bool:
+        """Try to send everything queued now (ignoring the retry interval). True when nothing
+        is left."""
+        return self._flush()
+
+    def close(self, status: str = "FINISHED", wait_s: float | None = None) -> CloseReport:
+        """End the run with `status` (FINISHED, FAILED, KILLED). Tries to send what is queued
+        for up to `wait_s` (default `close_wait_s`); what is still unsent is written to
+        `unsent_path` (JSONL), printed, and described in the returned report."""
+        if self._closed is not None:
+            return self._closed
+        wait_s = self.close_wait_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait_s
+        status_sent = False
+        while True:
+            if self._flush():
+                try:
+                    self._call(self._client.set_terminated, self.run_id, status)
+                    status_sent = True
+                    self._mark_up()
+                except Exception as exc:
+                    if not _is_transient(exc):
+                        self._rejected.append({"item": {"type": "end_run", "status": status}, "reason": _short(exc)})
+                        status_sent = True  # refused, not unsent: reported as rejected
+                    else:
+                        self._mark_down(exc)
+            if status_sent or time.monotonic() >= deadline:
+                break
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        report = CloseReport(
+            run_id=self.run_id, uri=self.uri, status=status,
+            unsent_metrics=len(self._q_metrics), unsent_params=len(self._q_params), unsent_tags=len(self._q_tags),
+            unsent_artifacts=[f.get("artifact_path") or "." for f in self._q_files],
+            unsent_models=[f"{m['name']}@{m['alias']}" for m in self._q_models],
+            status_unsent=not status_sent,
+            rejected=[f"{_describe(r['item'])}: {r['reason']}" for r in self._rejected],
+        )  # fmt: skip
+        if report.ok:
+            if self._journal_path is not None or self.unsent_path.exists():
+                self.unsent_path.unlink(missing_ok=True)
+            spool = self.spool_dir / f"mlflow-unsent-{self.run_id}"
+            shutil.rmtree(spool, ignore_errors=True)
+        else:
+            self._stage_pending()
+            records = self._queued_records()
+            if not status_sent:
+                records.append({"type": "end_run", "status": status})
+            records += [{"type": "rejected", "item": r["item"], "reason": r["reason"]} for r in self._rejected]
+            self._rewrite_journal(records)
+            report.unsent_path = self.unsent_path
+            _say(str(report))
+        self._closed = report
+        return report
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._closed is None:
+            status = "FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED"
+            self.close(status)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise RuntimeError(f"tracker of run {self.run_id} is closed")
+
+    def _experiment_id(self, name: str) -> str:
+        exp = self._client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self._client.create_experiment(name)
+        except MlflowException as exc:  # created meanwhile by a concurrent run
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return self._client.get_experiment_by_name(name).experiment_id
+
+    def _call(self, fn, *args, **kwargs):
+        """One MLflow call; transient failures of a non-HTTP store (a locked SQLite file) are
+        retried briefly here, HTTP ones by MLflow's own (shortened) retries."""
+        for attempt in range(self._local_retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if attempt == self._local_retries or not _is_transient(exc):
+                    raise
+                time.sleep(0.2 * 2**attempt)
+
+    def _enqueue_file(self, path: Path, artifact_path: str | None, staged: bool, cleanup: bool = False) -> None:
+        """cleanup: the source's parent folder is ours (a temporary or staged copy): remove it
+        once uploaded."""
+        entry = {
+            "type": "artifacts", "local_path": str(path), "artifact_path": artifact_path,
+            "staged": staged, "cleanup": cleanup or staged,
+        }  # fmt: skip
+        self._q_files.append(entry)
+        if self._down:
+            self._stage_pending()
+        self._journal([entry])
+
+    def _stage_pending(self) -> None:
+        for entry in [*self._q_files, *self._q_models]:
+            if entry["staged"]:
+                continue
+            key = "local_path" if entry["type"] == "artifacts" else "model_dir"
+            source = Path(entry[key])
+            base = self.spool_dir / f"mlflow-unsent-{self.run_id}" / "staged"
+            base.mkdir(parents=True, exist_ok=True)
+            target = Path(tempfile.mkdtemp(prefix="item-", dir=base)) / source.name
+            try:
+                _stage(source, target)
+            except OSError as exc:
+                _say(f"could not stage {source} for a later upload ({_short(exc)}); it must stay in place")
+                continue
+            if entry.get("cleanup"):  # our own temporary copy: the staged one replaces it
+                shutil.rmtree(source.parent, ignore_errors=True)
+            entry[key], entry["staged"], entry["cleanup"] = str(target), True, True
+            self._journal([entry])  # the later record (staged path) wins on replay
+
+    def _maybe_flush(self) -> None:
+        if self._down and time.monotonic() < self._next_try:
+            return
+        self._flush()
+
+    def _flush(self) -> bool:
+        if not any(self.pending.values()):
+            return True
+        was_down, before = self._down, self.pending
+        try:
+            self._send_params_and_tags()
+            self._send_metrics()
+            self._send_files()
+            self._send_models()
+        except Exception as exc:
+            if not _is_transient(exc):
+                raise
+            self._mark_down(exc)
+            return False
+        if was_down:
+            sent = ", ".join(f"{n} {k}" for k, n in before.items() if n)
+            self._mark_up(f"sent the {sent} queued")
+        return True
+
+    def _rejected_item(self, item: dict, exc: BaseException) -> None:
+        self._rejected.append({"item": item, "reason": _short(exc)})
+        _say(f"MLflow refused {_describe(item)} for run {self.run_id}: {_short(exc)} (reported at close)")
+
+    def _send_params_and_tags(self) -> None:
+        from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH as N
+
+        for queue, kind in ((self._q_params, "param"), (self._q_tags, "tag")):
+            while queue:
+                chunk = dict(list(queue.items())[:N])
+                entities = [Param(k, v) if kind == "param" else RunTag(k, v) for k, v in chunk.items()]
+                try:
+                    if kind == "param":
+                        self._call(self._client.log_batch, self.run_id, params=entities, synchronous=True)
+                    else:
+                        self._call(self._client.log_batch, self.run_id, tags=entities, synchronous=True)
+                except MlflowException as exc:
+                    if _is_transient(exc):
+                        raise
+                    if len(chunk) == 1:
+                        self._rejected_item({"type": kind, **dict(zip(("key", "value"), next(iter(chunk.items()))))}, exc)
+                        del queue[next(iter(chunk))]
+                        continue
+                    # find the culprit: send one by one
+                    for k, v in chunk.items():
+                        try:
+                            self._call(
+                                self._client.log_batch, self.run_id, synchronous=True,
+                                **({"params": [Param(k, v)]} if kind == "param" else {"tags": [RunTag(k, v)]}),
+                            )  # fmt: skip
+                        except MlflowException as exc1:
+                            if _is_transient(exc1):
+                                raise
+                            self._rejected_item({"type": kind, "key": k, "value": v}, exc1)
+                        del queue[k]
+                    continue
+                for k in chunk:
+                    del queue[k]
+
+    def _send_metrics(self) -> None:
+        from mlflow.utils.validation import MAX_METRICS_PER_BATCH as N
+
+        while self._q_metrics:
+            chunk = [self._q_metrics[i] for i in range(min(N, len(self._q_metrics)))]
+            try:
+                self._call(self._client.log_batch, self.run_id, metrics=[Metric(k, v, ts, s) for k, v, ts, s in chunk], synchronous=True)
+            except MlflowException as exc:
+                if _is_transient(exc):
+                    raise
+                for m in chunk:
+                    self._rejected_item(_metric_record(m), exc)
+            for _ in chunk:
+                self._q_metrics.popleft()
+
+    def _send_files(self) -> None:
+        while self._q_files:
+            entry = self._q_files[0]
+            source = Path(entry["local_path"])
+            if not source.exists():
+                self._rejected_item(entry, FileNotFoundError(f"{source} was removed before it could be uploaded"))
+            else:
+                try:
+                    if source.is_dir():
+                        self._call(self._client.log_artifacts, self.run_id, str(source), entry["artifact_path"])
+                    else:
+                        self._call(self._client.log_artifact, self.run_id, str(source), entry["artifact_path"])
+                except MlflowException as exc:
+                    if _is_transient(exc):
+                        raise
+                    self._rejected_item(entry, exc)
+                if entry.get("cleanup"):
+                    shutil.rmtree(source.parent, ignore_errors=True)
+            self._q_files.popleft()
+
+    def _send_models(self) -> None:
+        while self._q_models:
+            entry = self._q_models[0]
+            try:
+                if not Path(entry["model_dir"]).is_dir():
+                    raise FileNotFoundError(f"{entry['model_dir']} was removed before the model was registered")
+                self._register(entry)
+            except (MlflowException, FileNotFoundError) as exc:
+                if _is_transient(exc) and not isinstance(exc, FileNotFoundError):
+                    raise
+                self._rejected_item(entry, exc)
+            else:
+                if entry["staged"]:
+                    shutil.rmtree(Path(entry["model_dir"]).parent, ignore_errors=True)
+            self._q_models.popleft()
+
+    def _register(self, entry: dict) -> None:
+        """Each stage records its result in `entry`, so a retry after a failure goes on where
+        it stopped (no second logged model or version)."""
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+        from mlflow.models import Model
+
+        c = self._client
+        if self.experiment_id is None:
+            self.experiment_id = self._call(c.get_run, self.run_id).info.experiment_id
+        if not entry.get("model_id"):
+            lm = self._call(
+                c.create_logged_model, self.experiment_id, name=entry["artifact_name"], source_run_id=self.run_id,
+                tags={"eae.model_dir": entry["model_dir"]},
+            )  # fmt: skip
+            entry["model_id"], entry["artifact_location"] = lm.model_id, lm.artifact_location
+        model_id = entry["model_id"]
+        if not entry.get("uploaded"):
+            with tempfile.TemporaryDirectory(prefix="eae-pyfunc-") as tmp:
+                local = Path(tmp) / "model"
+                mlflow.pyfunc.save_model(
+                    path=str(local),
+                    python_model=EaEPyfuncModel(),
+                    artifacts={MODEL_DIR_ARTIFACT: entry["model_dir"]},
+                    pip_requirements=_pip_requirements(),
+                    mlflow_model=Model(
+                        artifact_path=entry["artifact_location"], model_uuid=model_id, run_id=self.run_id, model_id=model_id
+                    ),
+                )
+                self._call(c.log_model_artifacts, model_id, str(local))
+            self._call(c.log_outputs, self.run_id, [LoggedModelOutput(model_id, step=entry["step"])])
+            entry["uploaded"] = True
+        if not entry.get("finalized"):
+            self._call(c.finalize_logged_model, model_id, LoggedModelStatus.READY)
+            entry["finalized"] = True
+        if not entry.get("version"):
+            try:
+                self._call(c.create_registered_model, entry["name"])
+            except MlflowException as exc:
+                if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+                    raise
+            mv = self._call(
+                c.create_model_version, entry["name"], source=f"models:/{model_id}", run_id=self.run_id, model_id=model_id
+            )
+            entry["version"] = str(mv.version)
+        self._call(c.set_registered_model_alias, entry["name"], entry["alias"], entry["version"])
+        self.registered.append({
+            "name": entry["name"], "alias": entry["alias"], "version": entry["version"], "model_id": model_id,
+            "uri": f"models:/{entry['name']}@{entry['alias']}",
+        })  # fmt: skip
+
+    def _mark_down(self, exc: BaseException) -> None:
+        self._next_try = time.monotonic() + self.retry_interval_s
+        if self._down:
+            return
+        self._down = True
+        self._stage_pending()
+        self._journal(self._queued_records())
+        queued = ", ".join(f"{n} {k}" for k, n in self.pending.items() if n) or "nothing"
+        message = (
+            f"MLflow unreachable at {self.uri}: {queued} queued, training continues "
+            f"(run {self.run_id}; retrying every {self.retry_interval_s:g} s; journal {self.unsent_path}; {_short(exc)})"
+        )
+        self.events.append(message)
+        _say(message)
+
+    def _mark_up(self, detail: str = "") -> None:
+        if not self._down:
+            return
+        self._down = False
+        message = f"MLflow reachable again at {self.uri}" + (f": {detail}" if detail else "") + f" (run {self.run_id})"
+        self.events.append(message)
+        _say(message)
+        if not any(self.pending.values()):
+            self._delete_journal()
+            if not self._rejected:
+                shutil.rmtree(self.spool_dir / f"mlflow-unsent-{self.run_id}", ignore_errors=True)
+
+    # --- the unsent-items journal ---------------------------------------------------------
+
+    def _queued_records(self) -> list[dict]:
+        return [
+            *({"type": "param", "key": k, "value": v} for k, v in self._q_params.items()),
+            *({"type": "tag", "key": k, "value": v} for k, v in self._q_tags.items()),
+            *(_metric_record(m) for m in self._q_metrics),
+            *self._q_files,
+            *self._q_models,
+        ]
+
+    def _header(self) -> dict:
+        return {"type": "run", "run_id": self.run_id, "uri": self.uri, "experiment_id": self.experiment_id}
+
+    def _journal(self, records: list[dict]) -> None:
+        """While the store is unreachable, append queued items to the journal so that a crash
+        loses nothing (it may hold items sent since: replaying them is harmless)."""
+        if not self._down or not records:
+            return
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        new = self._journal_path is None or not self._journal_path.exists()
+        self._journal_path = self.unsent_path
+        with open(self._journal_path, "a") as f:
+            if new:
+                f.write(json.dumps(self._header()) + "\n")
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+
+    def _rewrite_journal(self, records: list[dict]) -> None:
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.unsent_path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            for record in [self._header(), *records]:
+                f.write(json.dumps(record) + "\n")
+        os.replace(tmp, self.unsent_path)
+        self._journal_path = self.unsent_path
+
+    def _delete_journal(self) -> None:
+        if self._journal_path is not None:
+            self._journal_path.unlink(missing_ok=True)
+            self._journal_path = None
+
+
+def _metric_record(m: tuple[str, float, int, int]) -> dict:
+    return {"type": "metric", "key": m[0], "value": m[1], "timestamp": m[2], "step": m[3]}
+
+
+def _describe(item: dict) -> str:
+    kind = item.get("type")
+    if kind == "metric":
+        return f"metric {item['key']}={item['value']} at step {item['step']}"
+    if kind in ("param", "tag"):
+        return f"{kind} {item['key']}"
+    if kind == "artifacts":
+        return f"artifacts {item.get('artifact_path') or '.'} from {item['local_path']}"
+    if kind == "register_model":
+        return f"model registration {item['name']}@{item['alias']}"
+    return str(kind)
+
+
+def read_unsent(path: str | Path) -> tuple[dict, list[dict]]:
+    """(header, records) of an unsent-items file; later records of the same param, tag,
+    artifact or model replace earlier ones (a journal may name an item twice)."""
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not lines or lines[0].get("type") != "run":
+        raise ValueError(f"{path}: not an MLflow unsent-items file (no run header)")
+    header, records = lines[0], []
+    seen: dict[tuple, int] = {}
+    for record in lines[1:]:
+        kind = record.get("type")
+        if kind in ("param", "tag"):
+            key = (kind, record["key"])
+        elif kind == "artifacts":
+            key = (kind, record.get("artifact_path"), Path(record["local_path"]).name)
+        elif kind == "register_model":
+            key = (kind, record["name"], record["alias"], Path(record["model_dir"]).name)
+        else:
+            key = None
+        if key is not None and key in seen:
+            records[seen[key]] = record
+        else:
+            if key is not None:
+                seen[key] = len(records)
+            records.append(record)
+    return header, records
+
+
+def replay_unsent(path: str | Path, uri: str | None = None, close_wait_s: float = 10.0) -> CloseReport:
+    """Send an unsent-items file (written by `Tracker.close` or left by a crash) to its run,
+    at `uri` or the URI it names; ends the run with the status it names (default FINISHED).
+    The file is removed when everything went through; else it is rewritten with the rest."""
+    path = Path(path)
+    header, records = read_unsent(path)
+    tracker = Tracker(
+        experiment="", uri=uri or header["uri"], run_id=header["run_id"], spool_dir=path.parent,
+        retry_interval_s=0.0, close_wait_s=close_wait_s,
+    )  # fmt: skip
+    status = "FINISHED"
+    for record in records:
+        kind = record["type"]
+        if kind == "metric":
+            tracker._q_metrics.append((record["key"], float(record["value"]), int(record["timestamp"]), int(record["step"])))
+        elif kind == "param":
+            tracker._params[record["key"]] = tracker._q_params[record["key"]] = record["value"]
+        elif kind == "tag":
+            tracker._q_tags[record["key"]] = record["value"]
+        elif kind == "artifacts":
+            tracker._q_files.append(dict(record))
+        elif kind == "register_model":
+            tracker._q_models.append(dict(record))
+        elif kind == "end_run":
+            status = record["status"]
+        # "rejected" records were refused by the server: not sent again
+    return tracker.close(status)

@@ -1,4 +1,8 @@
-"""Save and load a model as `model.safetensors` + `config.json`. Loading never unpickles."""
+"""Save and load a model as `model.safetensors` + `config.json`. Loading never unpickles.
+
+A model saved by distributed pretraining keeps the entity table out of model.safetensors, in
+`entities-RRRRR.safetensors` (the rows of worker R); loading concatenates them in rank order.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from eae_model.config import EaEConfig
 from eae_model.model import EaEModel
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
+ENTITY_SHARDS = "entities-*.safetensors"  # E split by rows, one file per training worker
+TABLE_KEY = "entity_table.weight"
 
 
 def save_model(model: EaEModel, directory: str | Path) -> Path:
@@ -36,6 +42,10 @@ def load_model(directory: str | Path, device: str | torch.device = "cpu") -> EaE
     # Clone: safetensors hands out views at unaligned offsets of one buffer, and unaligned
     # weights take other SIMD paths in the CPU kernels (outputs would differ in the last bits).
     state = {name: t.clone() for name, t in load_file(str(directory / WEIGHTS), device=str(device)).items()}
+    shards = sorted(directory.glob(ENTITY_SHARDS))
+    if shards and TABLE_KEY not in state:
+        # Written by distributed pretraining: each worker's rows of E, in rank order.
+        state[TABLE_KEY] = torch.cat([load_file(str(p), device=str(device))[TABLE_KEY] for p in shards])
     model.load_state_dict(state, strict=True, assign=True)
     if model.entity_embeddings is not None:
         model.entity_embeddings.requires_grad_(config.entity_trainable)

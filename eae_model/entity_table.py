@@ -22,6 +22,8 @@ class TableOutput:
     retrieved: torch.Tensor | None  # E_m, [M, d] (None when not asked for)
     loss: torch.Tensor  # mean EL cross-entropy over linked mentions; 0 (in the graph) if none
     logits: torch.Tensor | None = None  # h E^T, [M, N]: only where the table is in one piece
+    lse: torch.Tensor | None = None  # [M] log-sum-exp of h.E_j over all entities (sharded table)
+    gold: torch.Tensor | None = None  # [M] h.E_target, 0 when unlinked (sharded table)
 
 
 def _softmax(logits: torch.Tensor) -> torch.Tensor:

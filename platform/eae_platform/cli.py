@@ -74,6 +74,32 @@ def _data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain(args: argparse.Namespace) -> int:
+    from eae_platform.pretrain.config import load_pretrain_config
+    from eae_platform.pretrain.job import run
+    from eae_platform.ray_session import connect
+
+    overrides = list(args.set)
+    for flag, key in (("data", "data"), ("max_steps", "max_steps"), ("out", "out"), ("name", "name"),
+                      ("num_workers", "num_workers")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"train.{key}={value}")
+    config = load_pretrain_config(args.config, overrides, preset=args.preset)
+    connect(args.address)
+    summary = run(config)
+    metrics = summary["metrics"] or {}
+    print(f"\nfinished at step {metrics.get('step')}: " + ", ".join(
+        f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith("dev_")))
+    print(f"model:       {summary['model']}")
+    print(f"checkpoints: {summary['storage']}  (last: {summary['checkpoint']})")
+    if summary.get("mlflow_run_id"):
+        print(f"MLflow run:  {summary['mlflow_run_id']} in {summary['mlflow_uri']}"
+              + (f", registered as {summary['model_uri']}" if summary.get("model_uri") else ""))
+        print(f"open the UI: .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']} --host 127.0.0.1 --port 5000")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-alias-mentions", action="store_true", help="no unlinked mentions from alias matching")
     b.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
     b.set_defaults(func=_data_build)
+
+    p = commands.add_parser("pretrain", help="pretrain on Ray Train (local cluster unless RAY_ADDRESS/--address)")
+    p.add_argument("--config", help="YAML with `model:` and `train:` sections")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override, e.g. train.lr=3e-4 or model.k_train=100")
+    p.add_argument("--preset", help="model preset (paper, tiny, ...)")
+    p.add_argument("--data", help="an `eae data build` output directory")
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--num-workers", type=int)
+    p.add_argument("--name", help="run name: relaunching with the same name resumes")
+    p.add_argument("--out", help="where the final model directory goes")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
+    p.set_defaults(func=_pretrain)
 
     s = data.add_parser("synth", help="a deterministic synthetic world: MediaWiki XML + closed-book questions")
     s.add_argument("--out", required=True)

@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -114,14 +115,23 @@ def _short(exc: BaseException, limit: int = 300) -> str:
 # Config flattening and validation
 
 
+def _plain(node: Any) -> Any:
+    """Dataclasses and mappings -> dicts, tuples and sets -> lists, paths -> str, recursively."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        node = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
+    if isinstance(node, Mapping):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in node]
+    if isinstance(node, Path):
+        return str(node)
+    return node
+
+
 def _config_to_dict(config: Any) -> dict:
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return dataclasses.asdict(config)
-    if hasattr(config, "to_dict") and callable(config.to_dict):
-        return dict(config.to_dict())
-    if isinstance(config, Mapping):
-        return dict(config)
-    raise TypeError(f"config must be a mapping or a dataclass, not {type(config).__name__}")
+    if not (isinstance(config, Mapping) or (dataclasses.is_dataclass(config) and not isinstance(config, type))):
+        raise TypeError(f"config must be a mapping or a dataclass, not {type(config).__name__}")
+    return _plain(config)
 
 
 def _param_value(value: Any) -> str:
@@ -138,8 +148,6 @@ def flatten_config(config: Any, sep: str = ".") -> dict[str, str]:
     out: dict[str, str] = {}
 
     def walk(prefix: str, node: Any) -> None:
-        if dataclasses.is_dataclass(node) and not isinstance(node, type):
-            node = dataclasses.asdict(node)
         if isinstance(node, Mapping) and (node or not prefix):
             for key, value in node.items():
                 walk(f"{prefix}{sep}{key}" if prefix else str(key), value)
@@ -210,78 +218,82 @@ def _stage(source: Path, target: Path) -> None:
 # The registered model
 
 
-class EaEPyfuncModel(mlflow.pyfunc.PythonModel):
-    """MLflow pyfunc wrapper of a saved EaE model directory (`model.safetensors` + `config.json`,
-    as `eae_model.checkpoint.save_model` writes it), held among the pyfunc's artifacts.
+# Defined with warnings recorded (and dropped): MLflow warns at class creation that predict has
+# no type hints. Hints would make MLflow validate and convert inputs (list[str] refuses a str or
+# {"text": ...}); without them the input reaches predict as given.
+with warnings.catch_warnings(record=True):
 
-    After `m = mlflow.pyfunc.load_model("models:/eae@champion")`,
-    `m.unwrap_python_model().model_dir` is the local directory and `.model` the loaded EaEModel.
-    predict takes texts (a str, a list of str, {"text": str | list[str]} or a DataFrame with a
-    "text" column) and returns, per text, the detected mentions with character offsets and the
-    best entity id (EntityPred, else the memory's retrieval scores)."""
+    class EaEPyfuncModel(mlflow.pyfunc.PythonModel):
+        """MLflow pyfunc wrapper of a saved EaE model directory (`model.safetensors` + `config.json`,
+        as `eae_model.checkpoint.save_model` writes it), held among the pyfunc's artifacts.
 
-    def load_context(self, context) -> None:
-        from eae_model.checkpoint import load_model
+        After `m = mlflow.pyfunc.load_model("models:/eae@champion")`,
+        `m.unwrap_python_model().model_dir` is the local directory and `.model` the loaded EaEModel.
+        predict takes texts (a str, a list of str, {"text": str | list[str]}, or a DataFrame with a
+        "text" column or one column) and returns, per text, the detected mentions with character
+        offsets and the best entity id and its probability (EntityPred, else the memory's scores)."""
 
-        self.model_dir = Path(context.artifacts[MODEL_DIR_ARTIFACT])
-        self.model = load_model(self.model_dir).eval()
-        self._tokenizer = None
+        def load_context(self, context) -> None:
+            from eae_model.checkpoint import load_model
 
-    @staticmethod
-    def _texts(model_input: Any) -> list[str]:
-        if isinstance(model_input, str):
-            return [model_input]
-        if isinstance(model_input, Mapping):
-            model_input = model_input["text"]
-            return [model_input] if isinstance(model_input, str) else [str(t) for t in model_input]
-        if hasattr(model_input, "columns") and "text" in model_input.columns:  # pandas
-            return [str(t) for t in model_input["text"].tolist()]
-        if hasattr(model_input, "iloc"):  # a DataFrame of one unnamed column, or a Series
-            return [str(t) for t in (model_input.iloc[:, 0] if model_input.ndim == 2 else model_input)]
-        return [str(t) for t in model_input]
+            self.model_dir = Path(context.artifacts[MODEL_DIR_ARTIFACT])
+            self.model = load_model(self.model_dir).eval()
+            self._tokenizer = None
 
-    def predict(self, context, model_input, params=None):
-        import torch
+        @staticmethod
+        def _texts(model_input: Any) -> list[str]:
+            if isinstance(model_input, str):
+                return [model_input]
+            if isinstance(model_input, Mapping):
+                model_input = model_input["text"]
+                return [model_input] if isinstance(model_input, str) else [str(t) for t in model_input]
+            if hasattr(model_input, "columns"):  # a DataFrame: its "text" column, else its only one
+                column = model_input["text"] if "text" in model_input.columns else model_input.iloc[:, 0]
+                return [str(t) for t in column.tolist()]
+            return [str(t) for t in model_input]
 
-        from eae_model.tokenizer import WordPieceTokenizer
+        def predict(self, context, model_input, params=None):
+            import torch
 
-        texts = self._texts(model_input)
-        if not texts:
-            return []
-        if self._tokenizer is None:
-            self._tokenizer = WordPieceTokenizer()
-        c, tok = self.model.config, self._tokenizer
-        encodings = []
-        for enc in tok.encode_batch(texts):
-            ids, offsets = enc.ids, enc.offsets
-            if len(ids) > c.max_length:  # keep [CLS] ... and a closing [SEP]
-                ids, offsets = ids[: c.max_length - 1] + [tok.sep_id], offsets[: c.max_length - 1] + [(0, 0)]
-            encodings.append((ids, offsets))
-        width = max(len(ids) for ids, _ in encodings)
-        input_ids = torch.full((len(texts), width), c.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(texts), width), dtype=torch.long)
-        for b, (ids, _) in enumerate(encodings):
-            input_ids[b, : len(ids)] = torch.tensor(ids)
-            attention[b, : len(ids)] = 1
-        with torch.no_grad():
-            out = self.model(input_ids, attention)
-        results: list[list[dict]] = [[] for _ in texts]
-        logits = _entity_logits(out)
-        m = out.mentions
-        if len(m) == 0:
+            from eae_model.tokenizer import WordPieceTokenizer
+
+            texts = self._texts(model_input)
+            if not texts:
+                return []
+            if self._tokenizer is None:
+                self._tokenizer = WordPieceTokenizer()
+            c, tok = self.model.config, self._tokenizer
+            encodings = []
+            for enc in tok.encode_batch(texts):
+                ids, offsets = enc.ids, enc.offsets
+                if len(ids) > c.max_length:  # keep [CLS] ... and a closing [SEP]
+                    ids, offsets = ids[: c.max_length - 1] + [tok.sep_id], offsets[: c.max_length - 1] + [(0, 0)]
+                encodings.append((ids, offsets))
+            width = max(len(ids) for ids, _ in encodings)
+            input_ids = torch.full((len(texts), width), c.pad_token_id, dtype=torch.long)
+            attention = torch.zeros((len(texts), width), dtype=torch.long)
+            for b, (ids, _) in enumerate(encodings):
+                input_ids[b, : len(ids)] = torch.tensor(ids)
+                attention[b, : len(ids)] = 1
+            with torch.no_grad():
+                out = self.model(input_ids, attention)
+            results: list[list[dict]] = [[] for _ in texts]
+            logits = _entity_logits(out)
+            m = out.mentions
+            if len(m) == 0:
+                return results
+            scores = ids_best = None
+            if logits is not None and logits.shape[0] == len(m):
+                scores, ids_best = logits.float().softmax(-1).max(-1)
+            for i in range(len(m)):
+                b, s, t = int(m.batch_ids[i]), int(m.starts[i]), int(m.ends[i])
+                offsets = encodings[b][1]
+                start, end = offsets[s][0], offsets[t][1]
+                item = {"start": start, "end": end, "mention": texts[b][start:end]}
+                if ids_best is not None:
+                    item |= {"entity_id": int(ids_best[i]), "score": float(scores[i])}
+                results[b].append(item)
             return results
-        scores = ids_best = None
-        if logits is not None and logits.shape[0] == len(m):
-            scores, ids_best = logits.float().softmax(-1).max(-1)
-        for i in range(len(m)):
-            b, s, t = int(m.batch_ids[i]), int(m.starts[i]), int(m.ends[i])
-            offsets = encodings[b][1]
-            start, end = offsets[s][0], offsets[t][1]
-            item = {"start": start, "end": end, "mention": texts[b][start:end]}
-            if ids_best is not None:
-                item |= {"entity_id": int(ids_best[i]), "score": float(scores[i])}
-            results[b].append(item)
-        return results
 
 
 def _entity_logits(out: Any):
@@ -316,16 +328,31 @@ def _model_dir_path_in(mlmodel_dir: Path) -> str:
         raise ValueError(f"not an EaE model: its MLmodel has no {MODEL_DIR_ARTIFACT!r} artifact") from None
 
 
+def _models_repo(model_uri: str, uri: str):
+    from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
+
+    return ModelsArtifactRepository(model_uri, tracking_uri=uri, registry_uri=uri)
+
+
+def load_pyfunc(model_uri: str, uri: str | None = None, dst_path: str | Path | None = None):
+    """`mlflow.pyfunc.load_model` for a `models:/name@alias` URI of the store at `uri` (default
+    `tracking_uri()`), without touching MLflow's global tracking URI (mlflow.set_tracking_uri
+    also rewrites the MLFLOW_TRACKING_URI environment variable)."""
+    uri = uri or tracking_uri()
+    dst = Path(dst_path) if dst_path else Path(tempfile.mkdtemp(prefix="eae-pyfunc-"))
+    dst.mkdir(parents=True, exist_ok=True)
+    local = _models_repo(model_uri, uri).download_artifacts("", dst_path=str(dst))
+    return mlflow.pyfunc.load_model(local)
+
+
 def download_model_dir(model_uri: str, dst_path: str | Path | None = None, uri: str | None = None) -> Path:
     """Download the EaE model directory (`model.safetensors` + `config.json`) of a registered
     model, e.g. `models:/eae@champion`, and return its local path (under `dst_path`, else a new
     temporary directory). Nothing but the model directory and the small MLmodel file move."""
-    from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
-
     uri = uri or tracking_uri()
     dst = Path(dst_path) if dst_path else Path(tempfile.mkdtemp(prefix="eae-model-"))
     dst.mkdir(parents=True, exist_ok=True)
-    repo = ModelsArtifactRepository(model_uri, tracking_uri=uri, registry_uri=uri)
+    repo = _models_repo(model_uri, uri)
     with tempfile.TemporaryDirectory() as tmp:
         repo.download_artifacts("MLmodel", dst_path=tmp)
         inner = _model_dir_path_in(Path(tmp))

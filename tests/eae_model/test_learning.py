@@ -76,18 +76,22 @@ def toy_batch(rng: random.Random, size: int, two_clause_rate: float = 0.5) -> tu
     return input_ids, Mentions.from_lists(spans, entities)
 
 
-def tiny_model(seed: int) -> EaEModel:
+def tiny_model(seed: int, table: str = "dense") -> EaEModel:
     torch.manual_seed(seed)
     config = load_config("tiny", overrides=[f"num_entities={NUM_ENTITIES}", f"vocab_size={VOCAB_SIZE}"])
     # The test is about k < N at inference: top-k retrieval, not the full softmax.
     assert config.k_inference is not None and config.k_inference < NUM_ENTITIES
+    if table == "sharded":  # distributed training's table, here with one worker
+        from eae_platform.sharded_table import ShardedEntityTable
+
+        return EaEModel(config, entity_table=ShardedEntityTable(NUM_ENTITIES, config.entity_dim, seed=seed))
     return EaEModel(config)
 
 
-def train_toy_model(seed: int, steps: int = 450, batch_size: int = 32, rate: float = 0.7) -> EaEModel:
+def train_toy_model(seed: int, steps: int = 450, batch_size: int = 32, rate: float = 0.7, table: str = "dense") -> EaEModel:
     """Train on fresh toy contexts every step, masking most mentions so the model must learn
     to identify entities from their context words (unmasked ones teach it the names)."""
-    model = tiny_model(seed)
+    model = tiny_model(seed, table)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
@@ -136,11 +140,12 @@ def evaluate(model: EaEModel, seed: int, size: int = 512) -> dict[str, float]:
     found = model(input_ids)  # inference: the model decodes its own mentions
     spans = lambda m: list(zip(m.batch_ids.tolist(), m.starts.tolist(), m.ends.tolist()))  # noqa: E731
     gold_entity = dict(zip(spans(mentions), gold.tolist()))
-    predicted = dict(zip(spans(found.mentions), found.entity_pred.logits.argmax(-1).tolist()))
+    best = lambda h: model.entity_table.top_k(h, 1)[1][:, 0]  # noqa: E731  (argmax over all entities)
+    predicted = dict(zip(spans(found.mentions), best(found.entity_queries).tolist()))
     hits = [span for span in gold_entity if span in predicted]
     return {
-        "entity": (out.entity_pred.logits.argmax(-1) == gold).float().mean().item(),
-        "memory": (out.memory.logits.argmax(-1) == gold).float().mean().item(),
+        "entity": (best(out.entity_queries) == gold).float().mean().item(),
+        "memory": (best(out.memory.pseudo_embeddings) == gold).float().mean().item(),
         "token": (out.mlm_logits.argmax(-1) == targets).float().mean().item(),
         "token_memory_swapped": (swapped.mlm_logits.argmax(-1) == targets).float().mean().item(),
         "span_recall": len(hits) / len(gold_entity),
@@ -172,8 +177,9 @@ def test_overfits_one_batch():
         assert last[name] < 0.1 * first[name], (name, first[name], last[name])
 
 
-def test_learns_entities_from_context():
-    model = train_toy_model(SEED)
+@pytest.mark.parametrize("table", ["dense", "sharded"])
+def test_learns_entities_from_context(table):
+    model = train_toy_model(SEED, table=table)
     accuracy = evaluate(model, SEED)
     # Chance is 1/48: every name is masked, so only the context words tell the entity.
     # Measured about 0.97 for each of the first three at three seeds.

@@ -43,6 +43,7 @@ class TrainConfig:
     storage_path: str = "runs/ray"  # Ray Train storage (checkpoints)
     out: str | None = None  # where the final model directory goes
     experiment: str = "eae-pretrain"  # MLflow experiment
+    mlflow_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
     register_as: str | None = "eae"  # MLflow registered model name (None: do not register)
     alias: str = "latest"
 

@@ -120,6 +120,7 @@ def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_
         return
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False  # one bar per worker per epoch would drown the step log
     dataset = ray.data.read_parquet(mine, columns=COLUMNS, shuffle=None)
     for step, rows in enumerate(dataset.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True)):
         if step >= steps:

@@ -1,0 +1,257 @@
+"""The per-worker training loop that Ray Train runs (`train_loop_per_worker`).
+
+Every worker holds the replicated weights (transformer, heads, projections) and its own rows of
+the entity table. A step: forward on the worker's batch (the table's collectives exchange
+mention queries and partial results), backward, average the replicated gradients over workers
+(an all-reduce; the table's row gradients are already complete on their owner), clip the global
+gradient norm (replicated part + every shard's part), Adam step, scheduler step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from eae_model.constants import NULL_ENTITY
+from eae_model.model import EaEModel
+from eae_platform.pretrain import data, state
+from eae_platform.pretrain.config import PretrainConfig
+
+
+def lr_lambda(total_steps: int, warmup_fraction: float):
+    """Linear warmup over the first warmup_fraction of steps, then linear decay to 0 (paper)."""
+    warmup = max(1, int(total_steps * warmup_fraction))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return factor
+
+
+def build_model(config: PretrainConfig, rank: int, world_size: int) -> EaEModel:
+    from eae_platform.sharded_table import ShardedEntityTable
+
+    c = config.model
+    torch.manual_seed(config.train.seed)  # the same replicated initialisation on every rank
+    table = None
+    if c.has_entity_table:
+        table = ShardedEntityTable(c.num_entities, c.entity_dim, init_std=c.entity_init_std,
+                                   trainable=c.entity_trainable, seed=config.train.seed)
+    return EaEModel(c, entity_table=table)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def sync_and_clip(replicated: list[torch.nn.Parameter], table: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Average replicated gradients over workers, then clip the global norm. Returns the norm."""
+    grads = [p.grad for p in replicated if p.grad is not None]
+    if _distributed() and grads:
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        _unflatten(grads, flat)
+    sq = torch.zeros((), device=grads[0].device if grads else "cpu")
+    for g in grads:
+        sq += g.float().pow(2).sum()
+    shard_sq = torch.zeros_like(sq)
+    for p in table:
+        if p.grad is not None:
+            shard_sq += p.grad.float().pow(2).sum()
+    if _distributed():
+        dist.all_reduce(shard_sq)  # each rank owns different rows: sum their squares
+    norm = float((sq + shard_sq).sqrt())
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in [*replicated, *table]:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return norm
+
+
+def _unflatten(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
+
+
+def _sum_over_workers(values: dict[str, float]) -> dict[str, float]:
+    if not _distributed():
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+@torch.no_grad()
+def evaluate(model: EaEModel, config: PretrainConfig, rank: int, world_size: int, device) -> dict[str, float]:
+    """The paper's Table 2 metrics on the dev split, with the pretraining masking (seeded, so
+    every evaluation sees the same masks): entity accuracy of EntityPred on masked linked
+    mentions, token accuracy and perplexity of TokenPred on masked tokens."""
+    t = config.train
+    files = data.shard_files(t.data, "dev")
+    sums = defaultdict(float)
+    model.eval()
+    batches = data.iter_epoch(files, t.seed, 0, rank, world_size, t.batch_per_worker, t.mask_rate,
+                              config.model.num_entities) if files else []
+    for i, (_, batch) in enumerate(batches):
+        if t.eval_batches and i >= t.eval_batches:
+            break
+        batch = batch.to(device)
+        out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
+        if out.mlm_logits is not None and out.mlm_logits.numel():
+            targets = batch.mlm_labels[out.mlm_positions]
+            sums["token_nll"] += float(torch.nn.functional.cross_entropy(out.mlm_logits.float(), targets, reduction="sum"))
+            sums["token_correct"] += float((out.mlm_logits.argmax(-1) == targets).sum())
+            sums["tokens"] += targets.numel()
+        if out.entity_queries is not None:
+            masked = batch.input_ids[batch.mentions.batch_ids, batch.mentions.starts] == config.model.mask_token_id
+            linked = masked & (batch.mentions.entity_ids != NULL_ENTITY)
+            _, top = model.entity_table.top_k(out.entity_queries, 1)
+            sums["entity_correct"] += float(((top[:, 0] == batch.mentions.entity_ids) & linked).sum())
+            sums["entities"] += float(linked.sum())
+    model.train()
+    sums = _sum_over_workers({k: sums[k] for k in ("token_nll", "token_correct", "tokens", "entity_correct", "entities")})
+    metrics = {}
+    if sums["tokens"]:
+        metrics["dev_token_acc"] = sums["token_correct"] / sums["tokens"]
+        metrics["dev_ppl"] = math.exp(min(sums["token_nll"] / sums["tokens"], 50.0))
+    if sums["entities"]:
+        metrics["dev_entity_acc"] = sums["entity_correct"] / sums["entities"]
+    return metrics
+
+
+def train_loop_per_worker(config_dict: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    config = PretrainConfig.from_dict(config_dict)
+    t = config.train
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+
+    model = build_model(config, rank, world_size).to(device)
+    replicated, table = state.split_params(model)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=t.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.max_steps, t.warmup_fraction))
+    progress = {"step": 0, "epoch": 0, "step_in_epoch": 0, "mlflow_run_id": None}
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            progress = state.load(Path(d), rank, model, optimizer)
+        scheduler.load_state_dict(progress["scheduler"])
+
+    tracker = None
+    if rank == 0:
+        from eae_platform.tracking import Tracker
+
+        tracker = Tracker(t.experiment, run_name=t.name, run_id=progress.get("mlflow_run_id"), uri=t.mlflow_uri)
+        if progress.get("mlflow_run_id") is None:
+            tracker.log_config(config.to_dict())
+        progress["mlflow_run_id"] = tracker.run_id
+
+    files = data.shard_files(t.data, "train")
+    if not files:
+        raise ValueError(f"no training shards under {t.data}/shards/train: build data with `eae data build`")
+    trace = Path(t.storage_path) / t.name / f"examples-rank{rank}.jsonl"  # consumed example ids (tests, audits)
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    model.train()
+    window = defaultdict(float)
+    window_start = time.perf_counter()
+    while progress["step"] < t.max_steps:
+        epoch = progress["epoch"]
+        if data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker) == 0:
+            raise ValueError(f"fewer than batch_per_worker={t.batch_per_worker} training rows per worker: "
+                             "lower the batch size or build more data")
+        for step_in_epoch, batch in data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker,
+                                                     t.mask_rate, config.model.num_entities, progress["step_in_epoch"]):
+            batch = batch.to(device)
+            with autocast:
+                out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
+            optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            grad_norm = sync_and_clip(list(replicated.values()), list(table.values()), t.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            with trace.open("a") as f:
+                f.write(json.dumps({"step": progress["step"], "epoch": epoch, "ids": batch.context_ids.tolist()}) + "\n")
+            progress.update(step=progress["step"] + 1, step_in_epoch=step_in_epoch + 1)
+            window["steps"] += 1
+            window["tokens"] += batch.num_tokens
+            window["loss"] += float(out.loss)
+            for name, value in out.losses.items():
+                window[f"loss_{name}"] += float(value)
+            window["grad_norm"] += grad_norm
+            step = progress["step"]
+            if step % t.log_every == 0 or step == t.max_steps:
+                _report(window, window_start, step, scheduler, tracker, world_size)
+                window, window_start = defaultdict(float), time.perf_counter()
+            if step % t.checkpoint_every == 0 or step == t.max_steps:
+                metrics = evaluate(model, config, rank, world_size, device)
+                if tracker is not None and metrics:
+                    tracker.log_metrics(metrics, step)
+                _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
+            if step >= t.max_steps:
+                break
+        else:
+            progress.update(epoch=progress["epoch"] + 1, step_in_epoch=0)
+    if t.out:
+        _save_final(model, config, rank, Path(t.out))
+    if tracker is not None:
+        tracker.close()
+
+
+def _report(window, window_start, step, scheduler, tracker, world_size) -> None:
+    import ray.train
+
+    seconds = time.perf_counter() - window_start
+    n = max(window["steps"], 1)
+    metrics = {k: v / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
+    tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
+    metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, lr=scheduler.get_last_lr()[0])
+    if tracker is not None:
+        tracker.log_metrics(metrics, step)
+        print(f"step {step}: loss {metrics['loss']:.3f} "
+              + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
+              + f" | {metrics['tokens_per_s']:,.0f} tokens/s", flush=True)
+    ray.train.report({"step": step, **metrics})
+
+
+def _checkpoint(model, optimizer, scheduler, progress, config, rank, metrics) -> None:
+    import ray.train
+    from ray.train import Checkpoint
+
+    with tempfile.TemporaryDirectory() as d:
+        state.save(Path(d), rank, model, optimizer,
+                   {**progress, "scheduler": scheduler.state_dict(), "config": config.to_dict()})
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+
+
+def _save_final(model: EaEModel, config: PretrainConfig, rank: int, out: Path) -> None:
+    """The model directory that serving and evaluation load (eae_model.checkpoint.load_model):
+    replicated weights and config from rank 0, each rank's entity rows in its own file."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    replicated, table = state.split_params(model)
+    if table:
+        save_file({n: p.detach().cpu().contiguous() for n, p in table.items()},
+                  str(out / f"entities-{rank:05d}.safetensors"))
+    if rank == 0:
+        save_file({n: p.detach().cpu().contiguous() for n, p in replicated.items()}, str(out / "model.safetensors"))
+        (out / "config.json").write_text(config.model.to_json() + "\n")

@@ -1,0 +1,373 @@
+"""The MLflow layer (eae_platform.tracking) against the embedded SQLite store and a real
+`mlflow server` on PostgreSQL, including the server dying mid-run.
+
+The server tests need PostgreSQL on 127.0.0.1:5432 (trust auth, as on these machines); each
+module run creates its own database and drops it at the end. The server runs on a free port
+and is started and stopped by its process group id only."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from eae_platform import tracking  # noqa: E402
+from eae_platform.tracking import PARAM_TRUNCATED, Tracker, download_model_dir, load_pyfunc, replay_unsent  # noqa: E402
+
+PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
+MODEL_FILES = ("model.safetensors", "config.json")
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _restore_mlflow_env():
+    """Tracker sets MLflow's HTTP retry variables with setdefault: keep them out of other tests."""
+    keys = [*tracking.FAST_FAIL_ENV, "MLFLOW_TRACKING_URI"]
+    saved = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from eae_model.checkpoint import save_model
+    from eae_model.config import load_config
+    from eae_model.model import EaEModel
+
+    return save_model(EaEModel(load_config("tiny")), tmp_path_factory.mktemp("tiny") / "tiny-model")
+
+
+@pytest.fixture
+def embedded(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server` on a PostgreSQL database, in its own process group."""
+
+    def __init__(self, backend_uri: str, workdir: Path):
+        self.backend_uri, self.workdir = backend_uri, workdir
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90.0) -> float:
+        t0 = time.monotonic()
+        cmd = [
+            str(Path(sys.executable).parent / "mlflow"), "server",
+            "--backend-store-uri", self.backend_uri,
+            "--artifacts-destination", str(self.workdir / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]  # fmt: skip
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"mlflow server not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """Crash it: SIGKILL to its process group (the server and its uvicorn worker)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    psycopg2 = pytest.importorskip("psycopg2")
+    try:
+        admin = psycopg2.connect(**PG, connect_timeout=5)
+    except psycopg2.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable at {PG['host']}:{PG['port']}: {exc}")
+    admin.autocommit = True
+    db = f"mlflow_test_{secrets.token_hex(6)}"
+    admin.cursor().execute(f"CREATE DATABASE {db}")
+    srv = None
+    try:
+        # postgresql+psycopg2: SQLAlchemy 2.1 maps plain postgresql:// to psycopg 3 (not installed)
+        srv = MlflowServer(f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{db}", tmp_path_factory.mktemp("mlflow-server"))
+        srv.start()
+        yield srv
+    finally:
+        if srv is not None:
+            srv.stop()
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        admin.close()
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _config():
+    from eae_model.config import load_config
+
+    return {
+        "model": load_config("tiny"),
+        "train": {"lr": 1e-4, "batch_size": 32, "heads": ["mlm", "el"], "resume": None, "notes": "n" * 7000},
+        "data": {"shards": Path("/data/eae/shards"), "dev": {"fraction": 0.002}},
+    }
+
+
+def _same_files(a: Path, b: Path) -> None:
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    for name in MODEL_FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def _exercise_run(model_dir: Path, tmp: Path, experiment: str, model_name: str) -> None:
+    """The whole life of a run against the store that tracking_uri() names."""
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+    import torch
+
+    uri = tracking.tracking_uri()
+    config = _config()
+    with Tracker(experiment, run_name="pretrain-tiny", tags={"preset": "tiny"}) as tr:
+        assert tr.uri == uri
+        params = tr.log_config(config)
+        for step in range(5):
+            tr.log_train_step(
+                step, losses={"total": 4.0 - step, "mlm": 3.0 - step, "el_memory": 2.0, "el_pred": torch.tensor(1.5), "bio": 0.5},
+                step_time_s=0.5, tokens=4096,
+            )  # fmt: skip
+        tr.log_dev(4, entity_accuracy=0.25, token_accuracy=0.4, perplexity=12.5)
+        ckpt = tr.log_checkpoint(model_dir, step=4)
+        model_uri = tr.register_model(model_dir, model_name, alias="champion", step=4)
+        with pytest.raises(TypeError):
+            tr.log_metrics({"train/loss": "low"}, step=5)
+        with pytest.raises(TypeError):
+            tr.log_metrics({"train/loss": 1.0}, step=5.0)
+        with pytest.raises(ValueError):
+            tr.register_model(model_dir, model_name, alias="latest")  # reserved by MLflow
+        run_id = tr.run_id
+    report = tr.close()  # already closed by the with block: the same report
+    assert report.ok and report.unsent_path is None, str(report)
+    assert model_uri == f"models:/{model_name}@champion"
+
+    client = MlflowClient(uri, registry_uri=uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "pretrain-tiny" and run.data.tags["preset"] == "tiny"
+    # params: the flattened config, whole except the truncated long value
+    assert run.data.params == params
+    assert params["model.hidden_size"] == "64" and params["model.preset"] == "tiny"
+    assert params["train.lr"] == "0.0001" and params["train.heads"] == '["mlm", "el"]' and params["train.resume"] == "null"
+    assert params["data.shards"] == "/data/eae/shards" and params["data.dev.fraction"] == "0.002"
+    assert len(params["train.notes"]) == MAX_PARAM_VAL_LENGTH and params["train.notes"].endswith(PARAM_TRUNCATED)
+    # config.json: the whole config
+    saved = json.loads(Path(client.download_artifacts(run_id, "config.json", str(tmp))).read_text())
+    assert saved["train"]["notes"] == "n" * 7000 and saved["model"]["hidden_size"] == 64 and saved["data"]["dev"]["fraction"] == 0.002
+    # metrics with their steps
+    assert _history(client, run_id, "train/loss") == [(s, 4.0 - s) for s in range(5)]
+    assert _history(client, run_id, "train/loss_mlm") == [(s, 3.0 - s) for s in range(5)]
+    assert _history(client, run_id, "train/loss_el_pred") == [(s, 1.5) for s in range(5)]
+    assert _history(client, run_id, "train/tokens_per_s") == [(s, 8192.0) for s in range(5)]
+    assert _history(client, run_id, "train/step_time_s") == [(s, 0.5) for s in range(5)]
+    assert _history(client, run_id, "dev/entity_accuracy") == [(4, 0.25)]
+    assert _history(client, run_id, "dev/perplexity") == [(4, 12.5)]
+    # the checkpoint, as artifacts
+    _same_files(model_dir, Path(client.download_artifacts(run_id, ckpt, str(tmp / "ckpt"))))
+    # the registered model behind the alias
+    version = client.get_model_version_by_alias(model_name, "champion")
+    assert str(version.version) == "1" and version.run_id == run_id
+    _same_files(model_dir, download_model_dir(model_uri, tmp / "downloaded"))
+    loaded = mlflow.pyfunc.load_model(model_uri)  # MLflow's own resolution of the URI
+    wrapper = loaded.unwrap_python_model()
+    _same_files(model_dir, wrapper.model_dir)
+    assert wrapper.model.config.preset == "tiny"
+    model = load_pyfunc(model_uri)
+    out = model.predict(["Paris is the capital of France.", "Berlin"])
+    assert len(out) == 2 and all(isinstance(spans, list) for spans in out)
+    for text, spans in zip(["Paris is the capital of France.", "Berlin"], out):
+        for span in spans:  # a random tiny model: whatever it detects must be well-formed
+            assert text[span["start"] : span["end"]] == span["mention"] and 0 <= span["entity_id"] < 512
+    assert len(model.predict({"text": "Paris"})) == 1 and len(model.predict("Paris")) == 1
+
+    # resume the run by id: metrics append to it, the same config is fine, a changed one is not
+    with Tracker(experiment, run_id=run_id) as again:
+        assert again.run_id == run_id
+        again.log_config(config)
+        with pytest.raises(ValueError, match="immutable"):
+            again.log_config({**config, "train": {**config["train"], "lr": 3e-4}})
+        again.log_metrics({"train/loss": -1.0}, step=5)
+        assert client.get_run(run_id).info.status == "RUNNING"
+        assert again.register_model(model_dir, model_name, alias="champion", step=5) == model_uri
+    assert again.close().ok
+    assert _history(client, run_id, "train/loss") == [*[(s, 4.0 - s) for s in range(5)], (5, -1.0)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert str(client.get_model_version_by_alias(model_name, "champion").version) == "2"
+    assert not list(Path.cwd().glob("mlflow-unsent-*")), "nothing may be left unsent"
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+
+def test_tracking_uri_from_env_else_sqlite_in_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert tracking.tracking_uri() == "http://127.0.0.1:1"
+
+
+def test_flatten_config():
+    flat = tracking.flatten_config({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": "x", "f": True, "g": {}})
+    assert flat == {"a.b": "1", "a.c.d": "[1, 2]", "e": "x", "f": "true", "g": "{}"}
+
+
+def test_embedded_sqlite_store(embedded, model_dir):
+    _exercise_run(model_dir, embedded, "eae-embedded", "eae-embedded-model")
+    assert (embedded / "mlflow.db").is_file()
+
+
+def test_server_on_postgres(server, model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    _exercise_run(model_dir, tmp_path, "eae-server", "eae-server-model")
+
+
+def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
+    """A: the server is killed, training logs on (fast), the server comes back, everything
+    arrives. B: the server stays dead until close: the unsent file holds exactly what is
+    missing, and replaying it later completes the run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    client = MlflowClient(server.url, registry_uri=server.url)
+    a = Tracker("eae-outage", run_name="a", spool_dir=tmp_path / "a", retry_interval_s=5.0)
+    b = Tracker("eae-outage", run_name="b", spool_dir=tmp_path / "b", retry_interval_s=5.0)
+    for t in (a, b):
+        t.log_config({"model": {"hidden_size": 64}, "train": {"lr": 1e-4}})
+        for step in range(5):
+            t.log_metrics({"train/loss": 10.0 - step, "train/tokens_per_s": 1000.0 + step}, step)
+    assert a.reachable and b.reachable
+
+    server.kill()
+    t0 = time.monotonic()
+    a.log_metrics({"train/loss": 5.0, "train/tokens_per_s": 1005.0}, step=5)  # finds the server dead
+    first_call = time.monotonic() - t0
+    assert first_call < 8.0, f"a log call with a dead server took {first_call:.1f} s"
+    assert not a.reachable
+    t0 = time.monotonic()
+    for step in range(6, 20):
+        a.log_metrics({"train/loss": 10.0 - step, "train/tokens_per_s": 1000.0 + step}, step)
+    later_calls = (time.monotonic() - t0) / 14
+    assert later_calls < 0.2, f"log calls while the server is known dead took {later_calls:.2f} s each"
+    assert a.pending["metrics"] == 30
+    # a checkpoint logged during the outage is staged: the trainer may delete its own copy
+    ckpt = tmp_path / "ckpt-7"
+    ckpt.mkdir()
+    for name in MODEL_FILES:
+        (ckpt / name).write_bytes((model_dir / name).read_bytes())
+    a.log_checkpoint(ckpt, step=7)
+    for name in MODEL_FILES:
+        (ckpt / name).unlink()
+    ckpt.rmdir()
+    assert a.unsent_path.is_file()  # journal of what is queued, in case the trainer crashes
+
+    # B: logs during the outage, registers its model, closes before the server is back
+    for step in range(5, 12):
+        b.log_metrics({"train/loss": 10.0 - step, "dev/perplexity": 50.0 - step}, step)
+    b.register_model(model_dir, "eae-outage-model", alias="champion")
+    t0 = time.monotonic()
+    report_b = b.close(wait_s=2.0)
+    assert time.monotonic() - t0 < 15.0
+    assert not report_b.ok and report_b.status_unsent
+    assert report_b.unsent_metrics == 14 and report_b.unsent_models == ["eae-outage-model@champion"]
+    assert report_b.unsent_path == b.unsent_path and b.unsent_path.is_file()
+    header, records = tracking.read_unsent(b.unsent_path)
+    assert header["run_id"] == b.run_id and header["uri"] == server.url
+    metrics = sorted((r["key"], r["step"], r["value"]) for r in records if r["type"] == "metric")
+    expected = sorted(
+        [("train/loss", s, 10.0 - s) for s in range(5, 12)] + [("dev/perplexity", s, 50.0 - s) for s in range(5, 12)]
+    )
+    assert metrics == expected
+    assert [r["type"] for r in records if r["type"] != "metric"] == ["register_model", "end_run"]
+    staged_model = Path(next(r["model_dir"] for r in records if r["type"] == "register_model"))
+    assert staged_model.is_relative_to(tmp_path / "b") and (staged_model / "model.safetensors").is_file()
+
+    # the server comes back on the same port and database
+    server.start()
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))  # let A's retry interval pass
+    for step in range(20, 25):
+        a.log_metrics({"train/loss": 10.0 - step, "train/tokens_per_s": 1000.0 + step}, step)
+    assert a.reachable and not any(a.pending.values())
+    report_a = a.close()
+    assert report_a.ok, str(report_a)
+    assert _history(client, a.run_id, "train/loss") == [(s, 10.0 - s) for s in range(25)]
+    assert len(client.get_metric_history(a.run_id, "train/tokens_per_s")) == 25
+    _same_files(model_dir, Path(client.download_artifacts(a.run_id, "checkpoints/step-00000007", str(tmp_path / "dl"))))
+    assert client.get_run(a.run_id).info.status == "FINISHED"
+    assert not a.unsent_path.exists() and not (tmp_path / "a" / f"mlflow-unsent-{a.run_id}").exists()
+
+    # B's file, sent later: the run completes, the model is registered
+    report_replay = replay_unsent(b.unsent_path)
+    assert report_replay.ok, str(report_replay)
+    assert not b.unsent_path.exists()
+    assert _history(client, b.run_id, "train/loss") == [(s, 10.0 - s) for s in range(12)]
+    assert _history(client, b.run_id, "dev/perplexity") == [(s, 50.0 - s) for s in range(5, 12)]
+    assert client.get_run(b.run_id).info.status == "FINISHED"
+    assert client.get_model_version_by_alias("eae-outage-model", "champion").run_id == b.run_id
+    _same_files(model_dir, download_model_dir("models:/eae-outage-model@champion", tmp_path / "b-model"))
+
+    err = capsys.readouterr().err
+    for run_id in (a.run_id, b.run_id):
+        down = [line for line in err.splitlines() if "MLflow unreachable at" in line and run_id in line]
+        assert len(down) == 1, err  # said once per outage, not per call
+        assert "queued, training continues" in down[0]
+    assert sum("MLflow reachable again" in line and a.run_id in line for line in err.splitlines()) == 1
+    assert f"run {b.run_id}: NOT logged" in err and "14 metrics" in err

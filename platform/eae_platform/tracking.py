@@ -23,6 +23,16 @@ When the store is unreachable, nothing raises out of the logging calls and nothi
 Programming errors (a non-numeric metric, a step that is no int, a param changed after it was
 logged, a reserved alias) raise at once, before anything is queued. Items the server rejects
 (answers with a client error) are reported in `CloseReport.rejected`, never retried forever.
+A *new* run cannot be created without the store (`TrackingUnavailable`, before training starts);
+a resumed run (`run_id=`) starts offline if need be. The queue lives in memory (~150 bytes a
+metric) and in the journal on disk.
+
+The registered model is an MLflow pyfunc (`EaEPyfuncModel`) whose artifacts hold the model
+directory; `download_model_dir(uri)` fetches just that directory, `load_pyfunc(uri)` the pyfunc,
+both from the store `tracking_uri()` names without touching MLflow's global tracking URI.
+
+A PostgreSQL store (a server's --backend-store-uri or a direct URI) needs the driver named:
+`postgresql+psycopg2://...`; SQLAlchemy 2.1 maps a plain `postgresql://` to psycopg 3.
 """
 
 from __future__ import annotations
@@ -299,8 +309,8 @@ with warnings.catch_warnings(record=True):
 def _entity_logits(out: Any):
     """[M, N] entity scores of the decoded mentions: EntityPred's, else the memory's (None
     where the table is sharded or the model has neither)."""
-    for holder, name in ((getattr(out, "entity_pred", None), "logits"), (out, "entity_logits"), (getattr(out, "memory", None), "logits")):
-        logits = getattr(holder, name, None) if holder is not None else None
+    for holder in (getattr(out, "entity_pred", None), getattr(out, "memory", None)):
+        logits = getattr(holder, "logits", None)
         if logits is not None and hasattr(logits, "softmax"):
             return logits
     return None
@@ -386,6 +396,12 @@ class CloseReport:
             or self.unsent_models or self.status_unsent or self.rejected
         )  # fmt: skip
 
+    def to_dict(self) -> dict:
+        """JSON-ready: the fields, `ok` and the text."""
+        data = dataclasses.asdict(self)
+        data["unsent_path"] = str(self.unsent_path) if self.unsent_path else None
+        return {**data, "ok": self.ok, "text": str(self)}
+
     def __str__(self) -> str:
         if self.ok:
             return f"run {self.run_id}: everything logged to {self.uri}"
@@ -399,9 +415,12 @@ class CloseReport:
         ]
         if self.status_unsent:
             parts.append(f"the final status {self.status}")
-        text = f"run {self.run_id}: NOT logged to {self.uri}: " + (", ".join(parts) or "nothing queued")
+        text = f"run {self.run_id} at {self.uri}:"
+        if parts:
+            text += " NOT logged: " + ", ".join(parts) + ";"
         if self.rejected:
-            text += f"; {len(self.rejected)} refused by the server: " + "; ".join(self.rejected[:5])
+            text += f" {len(self.rejected)} items refused by the server: " + "; ".join(self.rejected[:5]) + ";"
+        text = text.rstrip(";")
         if self.unsent_path:
             text += f"; written to {self.unsent_path} (send later with eae_platform.tracking.replay_unsent)"
         return text
@@ -442,7 +461,7 @@ class Tracker:
         self.close_wait_s = float(close_wait_s)
         self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         self._http = self.uri.startswith(("http://", "https://"))
-        self._local_retries = 0 if self._http else 2  # MLflow retries HTTP itself
+        self._local_retries = 0 if self._http else 1  # MLflow retries HTTP itself
 
         self._params: dict[str, str] = {}  # every param value given, sent or not
         self._q_params: dict[str, str] = {}
@@ -524,7 +543,7 @@ class Tracker:
             shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(conflicts.items())[:10])
             raise ValueError(f"MLflow params are immutable; run {self.run_id} already has other values for {shown}")
         if truncated:
-            _say(f"params {', '.join(truncated)} truncated to {MAX_PARAM_VAL_LENGTH} characters; config.json has them whole")
+            _say(f"params {', '.join(truncated)} cut to {MAX_PARAM_VAL_LENGTH} characters; config.json has them whole")
         new = {k: v for k, v in params.items() if k not in self._params}
         self._params.update(params)
         self._q_params.update(new)
@@ -554,7 +573,9 @@ class Tracker:
         self._journal([_metric_record(m) for m in items])
         self._maybe_flush()
 
-    def log_train_step(self, step: int, losses: Mapping[str, Any], step_time_s: float, tokens: int, **extra: Any) -> None:
+    def log_train_step(
+        self, step: int, losses: Mapping[str, Any], step_time_s: float, tokens: int, **extra: Any
+    ) -> None:
         """Training metrics of one step: `train/loss` (the total, when `losses` has "total" or
         "loss"), `train/loss_<head>` per head, `train/step_time_s`, `train/tokens_per_s`."""
         metrics: dict[str, Any] = {}
@@ -566,10 +587,14 @@ class Tracker:
         metrics.update({f"train/{k}": v for k, v in extra.items()})
         self.log_metrics(metrics, step)
 
-    def log_dev(self, step: int, entity_accuracy: float, token_accuracy: float, perplexity: float, **extra: Any) -> None:
+    def log_dev(
+        self, step: int, entity_accuracy: float, token_accuracy: float, perplexity: float, **extra: Any
+    ) -> None:
         """Dev-split metrics: `dev/entity_accuracy`, `dev/token_accuracy`, `dev/perplexity`,
         plus `dev/<name>` for each extra (e.g. per-head losses)."""
-        metrics = {"dev/entity_accuracy": entity_accuracy, "dev/token_accuracy": token_accuracy, "dev/perplexity": perplexity}
+        metrics = {
+            "dev/entity_accuracy": entity_accuracy, "dev/token_accuracy": token_accuracy, "dev/perplexity": perplexity
+        }  # fmt: skip
         metrics.update({f"dev/{k}": v for k, v in extra.items()})
         self.log_metrics(metrics, step)
 
@@ -783,8 +808,9 @@ class Tracker:
                     if _is_transient(exc):
                         raise
                     if len(chunk) == 1:
-                        self._rejected_item({"type": kind, **dict(zip(("key", "value"), next(iter(chunk.items()))))}, exc)
-                        del queue[next(iter(chunk))]
+                        (key, value), = chunk.items()
+                        self._rejected_item({"type": kind, "key": key, "value": value}, exc)
+                        del queue[key]
                         continue
                     # find the culprit: send one by one
                     for k, v in chunk.items():
@@ -808,7 +834,8 @@ class Tracker:
         while self._q_metrics:
             chunk = [self._q_metrics[i] for i in range(min(N, len(self._q_metrics)))]
             try:
-                self._call(self._client.log_batch, self.run_id, metrics=[Metric(k, v, ts, s) for k, v, ts, s in chunk], synchronous=True)
+                batch = [Metric(k, v, ts, s) for k, v, ts, s in chunk]
+                self._call(self._client.log_batch, self.run_id, metrics=batch, synchronous=True)
             except MlflowException as exc:
                 if _is_transient(exc):
                     raise
@@ -878,8 +905,9 @@ class Tracker:
                     artifacts={MODEL_DIR_ARTIFACT: entry["model_dir"]},
                     pip_requirements=_pip_requirements(),
                     mlflow_model=Model(
-                        artifact_path=entry["artifact_location"], model_uuid=model_id, run_id=self.run_id, model_id=model_id
-                    ),
+                        artifact_path=entry["artifact_location"], model_uuid=model_id, run_id=self.run_id,
+                        model_id=model_id,
+                    ),  # fmt: skip
                 )
                 self._call(c.log_model_artifacts, model_id, str(local))
             self._call(c.log_outputs, self.run_id, [LoggedModelOutput(model_id, step=entry["step"])])
@@ -894,8 +922,9 @@ class Tracker:
                 if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
                     raise
             mv = self._call(
-                c.create_model_version, entry["name"], source=f"models:/{model_id}", run_id=self.run_id, model_id=model_id
-            )
+                c.create_model_version, entry["name"], source=f"models:/{model_id}", run_id=self.run_id,
+                model_id=model_id,
+            )  # fmt: skip
             entry["version"] = str(mv.version)
         self._call(c.set_registered_model_alias, entry["name"], entry["alias"], entry["version"])
         self.registered.append({
@@ -913,7 +942,8 @@ class Tracker:
         queued = ", ".join(f"{n} {k}" for k, n in self.pending.items() if n) or "nothing"
         message = (
             f"MLflow unreachable at {self.uri}: {queued} queued, training continues "
-            f"(run {self.run_id}; retrying every {self.retry_interval_s:g} s; journal {self.unsent_path}; {_short(exc)})"
+            f"(run {self.run_id}; retrying every {self.retry_interval_s:g} s; journal {self.unsent_path}; "
+            f"{_short(exc)})"
         )
         self.events.append(message)
         _say(message)
@@ -922,7 +952,7 @@ class Tracker:
         if not self._down:
             return
         self._down = False
-        message = f"MLflow reachable again at {self.uri}" + (f": {detail}" if detail else "") + f" (run {self.run_id})"
+        message = f"MLflow reachable again at {self.uri}{f': {detail}' if detail else ''} (run {self.run_id})"
         self.events.append(message)
         _say(message)
         if not any(self.pending.values()):
@@ -987,6 +1017,8 @@ def _describe(item: dict) -> str:
         return f"artifacts {item.get('artifact_path') or '.'} from {item['local_path']}"
     if kind == "register_model":
         return f"model registration {item['name']}@{item['alias']}"
+    if kind == "end_run":
+        return f"the final status {item.get('status')}"
     return str(kind)
 
 
@@ -1031,7 +1063,8 @@ def replay_unsent(path: str | Path, uri: str | None = None, close_wait_s: float 
     for record in records:
         kind = record["type"]
         if kind == "metric":
-            tracker._q_metrics.append((record["key"], float(record["value"]), int(record["timestamp"]), int(record["step"])))
+            metric = (record["key"], float(record["value"]), int(record["timestamp"]), int(record["step"]))
+            tracker._q_metrics.append(metric)
         elif kind == "param":
             tracker._params[record["key"]] = tracker._q_params[record["key"]] = record["value"]
         elif kind == "tag":

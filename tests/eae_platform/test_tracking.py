@@ -25,7 +25,13 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from eae_platform import tracking  # noqa: E402
-from eae_platform.tracking import PARAM_TRUNCATED, Tracker, download_model_dir, load_pyfunc, replay_unsent  # noqa: E402
+from eae_platform.tracking import (  # noqa: E402
+    PARAM_TRUNCATED,
+    Tracker,
+    download_model_dir,
+    load_pyfunc,
+    replay_unsent,
+)
 
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 MODEL_FILES = ("model.safetensors", "config.json")
@@ -88,10 +94,13 @@ class MlflowServer:
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
         ]  # fmt: skip
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+                tail = self.log.read_text()[-3000:]
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{tail}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                     if r.status == 200:
@@ -116,7 +125,7 @@ class MlflowServer:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 try:
-                    self.proc.wait(timeout=15)
+                    self.proc.wait(timeout=5)  # uvicorn waits for open keep-alive connections
                 except subprocess.TimeoutExpired:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                     self.proc.wait(timeout=15)
@@ -138,7 +147,8 @@ def server(tmp_path_factory):
     srv = None
     try:
         # postgresql+psycopg2: SQLAlchemy 2.1 maps plain postgresql:// to psycopg 3 (not installed)
-        srv = MlflowServer(f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{db}", tmp_path_factory.mktemp("mlflow-server"))
+        backend = f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{db}"
+        srv = MlflowServer(backend, tmp_path_factory.mktemp("mlflow-server"))
         srv.start()
         yield srv
     finally:
@@ -182,10 +192,8 @@ def _exercise_run(model_dir: Path, tmp: Path, experiment: str, model_name: str) 
         assert tr.uri == uri
         params = tr.log_config(config)
         for step in range(5):
-            tr.log_train_step(
-                step, losses={"total": 4.0 - step, "mlm": 3.0 - step, "el_memory": 2.0, "el_pred": torch.tensor(1.5), "bio": 0.5},
-                step_time_s=0.5, tokens=4096,
-            )  # fmt: skip
+            losses = {"total": 4.0 - step, "mlm": 3.0 - step, "el_memory": 2.0, "el_pred": torch.tensor(1.5)}
+            tr.log_train_step(step, losses=losses, step_time_s=0.5, tokens=4096)
         tr.log_dev(4, entity_accuracy=0.25, token_accuracy=0.4, perplexity=12.5)
         ckpt = tr.log_checkpoint(model_dir, step=4)
         model_uri = tr.register_model(model_dir, model_name, alias="champion", step=4)
@@ -202,16 +210,19 @@ def _exercise_run(model_dir: Path, tmp: Path, experiment: str, model_name: str) 
 
     client = MlflowClient(uri, registry_uri=uri)
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == "pretrain-tiny" and run.data.tags["preset"] == "tiny"
+    assert run.info.status == "FINISHED" and run.info.run_name == "pretrain-tiny"
+    assert run.data.tags["preset"] == "tiny"
     # params: the flattened config, whole except the truncated long value
     assert run.data.params == params
     assert params["model.hidden_size"] == "64" and params["model.preset"] == "tiny"
-    assert params["train.lr"] == "0.0001" and params["train.heads"] == '["mlm", "el"]' and params["train.resume"] == "null"
+    assert params["train.lr"] == "0.0001" and params["train.resume"] == "null"
+    assert params["train.heads"] == '["mlm", "el"]'
     assert params["data.shards"] == "/data/eae/shards" and params["data.dev.fraction"] == "0.002"
     assert len(params["train.notes"]) == MAX_PARAM_VAL_LENGTH and params["train.notes"].endswith(PARAM_TRUNCATED)
     # config.json: the whole config
     saved = json.loads(Path(client.download_artifacts(run_id, "config.json", str(tmp))).read_text())
-    assert saved["train"]["notes"] == "n" * 7000 and saved["model"]["hidden_size"] == 64 and saved["data"]["dev"]["fraction"] == 0.002
+    assert saved["train"]["notes"] == "n" * 7000 and saved["model"]["hidden_size"] == 64
+    assert saved["data"] == {"shards": "/data/eae/shards", "dev": {"fraction": 0.002}}
     # metrics with their steps
     assert _history(client, run_id, "train/loss") == [(s, 4.0 - s) for s in range(5)]
     assert _history(client, run_id, "train/loss_mlm") == [(s, 3.0 - s) for s in range(5)]
@@ -230,7 +241,7 @@ def _exercise_run(model_dir: Path, tmp: Path, experiment: str, model_name: str) 
     wrapper = loaded.unwrap_python_model()
     _same_files(model_dir, wrapper.model_dir)
     assert wrapper.model.config.preset == "tiny"
-    model = load_pyfunc(model_uri)
+    model = load_pyfunc(model_uri, dst_path=tmp / "pyfunc")
     out = model.predict(["Paris is the capital of France.", "Berlin"])
     assert len(out) == 2 and all(isinstance(spans, list) for spans in out)
     for text, spans in zip(["Paris is the capital of France.", "Berlin"], out):
@@ -299,7 +310,8 @@ def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
     server.kill()
     t0 = time.monotonic()
     a.log_metrics({"train/loss": 5.0, "train/tokens_per_s": 1005.0}, step=5)  # finds the server dead
-    first_call = time.monotonic() - t0
+    t_dead = time.monotonic()
+    first_call = t_dead - t0
     assert first_call < 8.0, f"a log call with a dead server took {first_call:.1f} s"
     assert not a.reachable
     t0 = time.monotonic()
@@ -324,7 +336,7 @@ def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
         b.log_metrics({"train/loss": 10.0 - step, "dev/perplexity": 50.0 - step}, step)
     b.register_model(model_dir, "eae-outage-model", alias="champion")
     t0 = time.monotonic()
-    report_b = b.close(wait_s=2.0)
+    report_b = b.close(wait_s=0.0)
     assert time.monotonic() - t0 < 15.0
     assert not report_b.ok and report_b.status_unsent
     assert report_b.unsent_metrics == 14 and report_b.unsent_models == ["eae-outage-model@champion"]
@@ -342,7 +354,7 @@ def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
 
     # the server comes back on the same port and database
     server.start()
-    time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))  # let A's retry interval pass
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - t_dead)))  # A's retry interval
     for step in range(20, 25):
         a.log_metrics({"train/loss": 10.0 - step, "train/tokens_per_s": 1000.0 + step}, step)
     assert a.reachable and not any(a.pending.values())
@@ -350,7 +362,8 @@ def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
     assert report_a.ok, str(report_a)
     assert _history(client, a.run_id, "train/loss") == [(s, 10.0 - s) for s in range(25)]
     assert len(client.get_metric_history(a.run_id, "train/tokens_per_s")) == 25
-    _same_files(model_dir, Path(client.download_artifacts(a.run_id, "checkpoints/step-00000007", str(tmp_path / "dl"))))
+    downloaded = client.download_artifacts(a.run_id, "checkpoints/step-00000007", str(tmp_path / "dl"))
+    _same_files(model_dir, Path(downloaded))
     assert client.get_run(a.run_id).info.status == "FINISHED"
     assert not a.unsent_path.exists() and not (tmp_path / "a" / f"mlflow-unsent-{a.run_id}").exists()
 
@@ -370,4 +383,45 @@ def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
         assert len(down) == 1, err  # said once per outage, not per call
         assert "queued, training continues" in down[0]
     assert sum("MLflow reachable again" in line and a.run_id in line for line in err.splitlines()) == 1
-    assert f"run {b.run_id}: NOT logged" in err and "14 metrics" in err
+    unsent = "NOT logged: 14 metrics, 1 model registrations, the final status FINISHED"
+    assert f"run {b.run_id} at {server.url}: {unsent}" in err
+
+
+def test_store_unreachable_from_the_start(tmp_path, capsys):
+    """No store at all: a new run cannot be created (TrackingUnavailable, before training
+    starts); a resumed run goes on offline and its close writes everything to the unsent file."""
+    dead = f"http://127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
+        Tracker("eae-nowhere", uri=dead, spool_dir=tmp_path)
+    assert time.monotonic() - t0 < 10.0
+    tr = Tracker("eae-nowhere", uri=dead, run_id="0123456789abcdef", spool_dir=tmp_path, retry_interval_s=60.0)
+    assert not tr.reachable
+    tr.log_config({"train": {"lr": 0.1}})
+    t0 = time.monotonic()
+    for step in range(100):
+        tr.log_metrics({"train/loss": 1.0 / (step + 1)}, step)
+    assert time.monotonic() - t0 < 2.0
+    report = tr.close(wait_s=0.0)
+    assert not report.ok and report.unsent_metrics == 100 and report.unsent_params == 1
+    assert json.loads(json.dumps(report.to_dict()))["unsent_path"] == str(tr.unsent_path)
+    assert report.unsent_artifacts == ["."] and report.status_unsent  # config.json, the end of the run
+    _, records = tracking.read_unsent(report.unsent_path)
+    assert [r["step"] for r in records if r["type"] == "metric"] == list(range(100))
+    staged = Path(next(r["local_path"] for r in records if r["type"] == "artifacts"))
+    assert json.loads(staged.read_text()) == {"train": {"lr": 0.1}}
+    assert "MLflow unreachable at" in capsys.readouterr().err
+
+
+def test_refused_items_are_reported_not_retried(embedded):
+    """The store answers but refuses (the run was deleted meanwhile): nothing raises into
+    training, and close reports what was refused."""
+    tr = Tracker("eae-refused")
+    tr.log_metrics({"train/loss": 1.0}, step=0)
+    MlflowClient(tr.uri).delete_run(tr.run_id)
+    tr.log_metrics({"train/loss": 0.5}, step=1)
+    assert tr.reachable and not any(tr.pending.values())
+    report = tr.close()
+    assert not report.ok and any("train/loss=0.5 at step 1" in r for r in report.rejected), str(report)
+    _, records = tracking.read_unsent(report.unsent_path)
+    assert any(r["type"] == "rejected" and r["item"]["step"] == 1 for r in records)

@@ -45,7 +45,7 @@ class TrainConfig:
     experiment: str = "eae-pretrain"  # MLflow experiment
     mlflow_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
     register_as: str | None = "eae"  # MLflow registered model name (None: do not register)
-    alias: str = "latest"
+    alias: str = "pretrained"  # MLflow registry alias ("latest" is reserved by MLflow)
 
     def __post_init__(self) -> None:
         problems = []

@@ -28,6 +28,7 @@ from eae_model.constants import MASK_TOKEN_ID, NULL_ENTITY
 from eae_model.mentions import Mentions
 from eae_model.model import IGNORE
 
+EVAL_EPOCH = 2**31 - 1  # the masking seed's epoch for dev batches (seeds must be non-negative)
 COLUMNS = ["context_id", "token_ids", "mention_starts", "mention_ends", "mention_entity_ids"]
 
 
@@ -121,10 +122,31 @@ def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False  # one bar per worker per epoch would drown the step log
-    dataset = ray.data.read_parquet(mine, columns=COLUMNS, shuffle=None)
+    # limit(): read no more than the epoch's steps (stopping the iterator early instead would
+    # interrupt Ray Data's read tasks mid-flight).
+    dataset = ray.data.read_parquet(mine, columns=COLUMNS, shuffle=None).limit(steps * batch_size)
     for step, rows in enumerate(dataset.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True)):
-        if step >= steps:
-            break
         if step < skip_steps:
             continue
         yield step, collate(rows, seed, epoch, mask_rate, num_entities)
+
+
+def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities, max_batches=0):
+    """Evaluation batches: every rank reads all (small) dev files in order and keeps every
+    world_size-th row of each global batch, so all ranks run the same number of steps (the
+    sharded table's collectives need every rank in every call). Masks are drawn as in
+    training, with the epoch number EVAL_EPOCH: the same masks at every evaluation."""
+    import ray.data
+
+    rows = sum(pq.read_metadata(f).num_rows for f in files)
+    steps = rows // (batch_size * world_size)
+    if max_batches:
+        steps = min(steps, max_batches)
+    if steps == 0:
+        return
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    dataset = ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(steps * batch_size * world_size)
+    for rows in dataset.iter_batches(batch_size=batch_size * world_size, batch_format="numpy", drop_last=True):
+        yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities)

@@ -105,11 +105,9 @@ def evaluate(model: EaEModel, config: PretrainConfig, rank: int, world_size: int
     files = data.shard_files(t.data, "dev")
     sums = defaultdict(float)
     model.eval()
-    batches = data.iter_epoch(files, t.seed, 0, rank, world_size, t.batch_per_worker, t.mask_rate,
-                              config.model.num_entities) if files else []
-    for i, (_, batch) in enumerate(batches):
-        if t.eval_batches and i >= t.eval_batches:
-            break
+    batches = data.iter_eval(files, t.seed, rank, world_size, t.batch_per_worker, t.mask_rate,
+                             config.model.num_entities, t.eval_batches)
+    for batch in batches:
         batch = batch.to(device)
         out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
         if out.mlm_logits is not None and out.mlm_logits.numel():

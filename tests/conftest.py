@@ -1,10 +1,19 @@
 """Shared fixtures: a real local Ray cluster, started once per test session."""
 
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 
 
 @pytest.fixture(scope="session")
@@ -14,6 +23,7 @@ def ray_cluster():
     import ray
 
     ray.init(
+        address="local",  # always a new cluster, never one a stale /tmp/ray file points at
         num_cpus=2,
         include_dashboard=False,
         runtime_env={"working_dir": str(REPO), "excludes": [".venv", ".git", "*.db", "mlruns"]},
@@ -21,3 +31,96 @@ def ray_cluster():
     )
     yield ray
     ray.shutdown()
+
+
+# --- a real MLflow server on PostgreSQL ----------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server` on a PostgreSQL database, in its own process group."""
+
+    def __init__(self, backend_uri: str, workdir: Path):
+        self.backend_uri, self.workdir = backend_uri, workdir
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90.0) -> float:
+        t0 = time.monotonic()
+        cmd = [
+            str(Path(sys.executable).parent / "mlflow"), "server",
+            "--backend-store-uri", self.backend_uri,
+            "--artifacts-destination", str(self.workdir / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]  # fmt: skip
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text()[-3000:]
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"mlflow server not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """Crash it: SIGKILL to its process group (the server and its uvicorn worker)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=5)  # uvicorn waits for open keep-alive connections
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import psycopg2
+
+    try:
+        admin = psycopg2.connect(**PG, connect_timeout=5)
+    except psycopg2.OperationalError as exc:  # a failure, never a skip: CI has PostgreSQL
+        pytest.fail(f"PostgreSQL not reachable at {PG['host']}:{PG['port']}: {exc}")
+    admin.autocommit = True
+    db = f"mlflow_test_{secrets.token_hex(6)}"
+    admin.cursor().execute(f"CREATE DATABASE {db}")
+    srv = None
+    try:
+        # postgresql+psycopg2: SQLAlchemy 2.1 maps plain postgresql:// to psycopg 3 (not installed)
+        backend = f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{db}"
+        srv = MlflowServer(backend, tmp_path_factory.mktemp("mlflow-server"))
+        srv.start()
+        yield srv
+    finally:
+        if srv is not None:
+            srv.stop()
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        admin.close()

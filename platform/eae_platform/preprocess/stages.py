@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from eae_model.aliases import AliasMatcher
 from eae_model.contexts import SOURCE_LINK, ContextBuilder, Span
 from eae_model.constants import NULL_ENTITY
+from eae_model.ner import DEFAULT_MODEL, load_detector, spacy_available
 from eae_model.shards import CONTEXT_ID_STRIDE, SCHEMA, write_table_atomic, write_text_atomic
 from eae_model.tokenizer import WordPieceTokenizer
 from eae_model.wikidump import Partition, iter_pages
@@ -149,6 +150,9 @@ def contexts_partition(
 
     builder = ContextBuilder(WordPieceTokenizer(), settings["chunk_bytes"], settings["max_length"])
     matcher = AliasMatcher(aliases) if settings["alias_mentions"] else None
+    detector = None  # spaCy NER: "auto" uses it when installed, "none" never, else a model name
+    if settings["ner"] != "none" and (settings["ner"] != "auto" or spacy_available()):
+        detector = load_detector(DEFAULT_MODEL if settings["ner"] == "auto" else settings["ner"])
     parsed = pq.read_table(out / "parsed" / f"{part_name(index)}.parquet")
     rows = {split: {name: [] for name in SCHEMA.names} for split in SPLITS}
     counts: Counter = Counter()
@@ -160,6 +164,8 @@ def contexts_partition(
             spans.append(Span(start, end, entity, SOURCE_LINK))
         if matcher is not None:
             spans += matcher.find(article["text"], spans)
+        if detector is not None:
+            spans += detector.find(article["text"], spans)
         split = split_of(article["page_id"], settings["dev_fraction"], settings["test_fraction"])
         counts[f"articles_{split}"] += 1
         table = rows[split]

@@ -139,7 +139,8 @@ def test_worker_crash_restarts_from_checkpoint(wiki, uninterrupted, tmp_path):
 
 
 def test_mlflow_server_on_postgresql(wiki, server, tmp_path, monkeypatch):
-    config = _config(wiki, tmp_path, "pg", mlflow_uri=server.url, max_steps=8, register_as="eae-pg")
+    config = _config(wiki, tmp_path, "pg", mlflow_uri=server.url, max_steps=8, register_as="eae-pg",
+                     out=str(tmp_path / "model"))
     summary = run(config)
     client = MlflowClient(server.url)
     r = client.get_run(summary["mlflow_run_id"])
@@ -147,3 +148,61 @@ def test_mlflow_server_on_postgresql(wiki, server, tmp_path, monkeypatch):
     assert len(client.get_metric_history(r.info.run_id, "loss")) == 2
     assert "dev_token_acc" in r.data.metrics
     assert client.get_model_version_by_alias("eae-pg", "pretrained").run_id == r.info.run_id
+
+
+def _sharded_table_worker(config):
+    """In each Ray Train worker: the sharded table on fixed inputs; results saved per rank."""
+    import ray.train
+    from safetensors.torch import save_file
+
+    from eae_platform.sharded_table import ShardedEntityTable
+
+    rank = ray.train.get_context().get_world_rank()
+    inputs = _table_inputs()
+    for k in (None, 3):
+        table = ShardedEntityTable(11, 8)
+        table.load_full(inputs["E"])
+        h = inputs[f"h{rank}"].clone().requires_grad_()
+        out = table.attend(h, k, inputs[f"t{rank}"])
+        (out.loss + (out.retrieved * inputs[f"g{rank}"]).sum()).backward()
+        save_file({"retrieved": out.retrieved.detach(), "loss": out.loss.detach().reshape(1), "h_grad": h.grad,
+                   "E_grad": table.weight.grad, "rows": torch.tensor([table.lo, table.hi])},
+                  f"{config['dir']}/rank{rank}-k{k}.safetensors")
+
+
+def _table_inputs():
+    g = torch.Generator().manual_seed(0)
+    return {"E": torch.randn(11, 8, generator=g), "h0": torch.randn(5, 8, generator=g), "h1": torch.randn(3, 8, generator=g),
+            "g0": torch.randn(5, 8, generator=g), "g1": torch.randn(3, 8, generator=g),
+            "t0": torch.tensor([1, -1, 4, 10, 0]), "t1": torch.tensor([7, 2, -1])}
+
+
+def test_sharded_table_equals_unsharded_in_ray_train_workers(ray_cluster, tmp_path):
+    """2 Ray Train workers (gloo) against the unsharded layer: outputs and gradients within 1e-5.
+    Gradients follow data parallelism: E's is that of the mean of the workers' losses."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from safetensors.torch import load_file
+
+    from eae_model.entity_table import EntityTable
+
+    TorchTrainer(_sharded_table_worker, train_loop_config={"dir": str(tmp_path)},
+                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                 run_config=RunConfig(name="table", storage_path=str(tmp_path / "ray"))).fit()
+    inputs = _table_inputs()
+    for k in (None, 3):
+        table = EntityTable(11, 8)
+        with torch.no_grad():
+            table.weight.copy_(inputs["E"])
+        hs = [inputs["h0"].clone().requires_grad_(), inputs["h1"].clone().requires_grad_()]
+        outs = [table.attend(h, k, inputs[f"t{r}"]) for r, h in enumerate(hs)]
+        losses = [o.loss + (o.retrieved * inputs[f"g{r}"]).sum() for r, o in enumerate(outs)]
+        (sum(losses) / 2).backward()
+        for rank in (0, 1):
+            got = load_file(str(tmp_path / f"rank{rank}-k{k}.safetensors"))
+            lo, hi = got["rows"].tolist()
+            torch.testing.assert_close(got["retrieved"], outs[rank].retrieved, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got["loss"][0], outs[rank].loss, atol=1e-5, rtol=0)
+            # a worker's own mentions get the gradient of its own loss (DDP scales upstream)
+            torch.testing.assert_close(got["h_grad"], 2 * hs[rank].grad, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got["E_grad"], table.weight.grad[lo:hi], atol=1e-5, rtol=0)

@@ -38,7 +38,7 @@ def lr_lambda(total_steps: int, warmup_fraction: float):
     return factor
 
 
-def build_model(config: PretrainConfig, rank: int, world_size: int) -> EaEModel:
+def build_model(config: PretrainConfig) -> EaEModel:
     from eae_platform.sharded_table import ShardedEntityTable
 
     c = config.model
@@ -143,7 +143,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
 
-    model = build_model(config, rank, world_size).to(device)
+    model = build_model(config).to(device)
     replicated, table = state.split_params(model)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=t.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.max_steps, t.warmup_fraction))
@@ -153,6 +153,10 @@ def train_loop_per_worker(config_dict: dict) -> None:
         with checkpoint.as_directory() as d:
             progress = state.load(Path(d), rank, model, optimizer)
         scheduler.load_state_dict(progress["scheduler"])
+        # The optimizer's lr is only refreshed by scheduler.step(): set the restored one now,
+        # or the first step after resuming would use the step-0 warmup lr.
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr
 
     tracker = None
     if rank == 0:

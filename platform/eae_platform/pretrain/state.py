@@ -36,7 +36,9 @@ def _load_adam(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Para
     for key, value in tensors.items():
         name, field = key.split("::", 1)
         p = params[name]
-        optimizer.state[p][field] = value.to(p.device) if field != "step" else value.clone()
+        # clone: safetensors' tensors are views at unaligned offsets, and unaligned moments take
+        # other SIMD paths in Adam's kernels (a resumed run would drift in the last bits).
+        optimizer.state[p][field] = value.to(p.device).clone()
 
 
 def split_params(model: torch.nn.Module) -> tuple[dict[str, torch.nn.Parameter], dict[str, torch.nn.Parameter]]:
@@ -62,7 +64,7 @@ def save(directory: Path, rank: int, model, optimizer, state: dict) -> None:
 def load(directory: Path, rank: int, model, optimizer) -> dict:
     """Restore this rank's part; returns state.json."""
     replicated, table = split_params(model)
-    weights = load_file(str(directory / "model.safetensors"))
+    weights = load_file(str(directory / "model.safetensors"))  # copied into the parameters below
     shard = load_file(str(directory / f"entities-{rank:05d}.safetensors"))
     with torch.no_grad():
         for name, p in {**replicated, **table}.items():

@@ -46,13 +46,19 @@ def entity_attention(h: torch.Tensor, entities: torch.Tensor, k: int | None) -> 
     return torch.einsum("mk,mkd->md", weights, entities[top_ids]), logits
 
 
+def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Cross-entropy (in at least float32) averaged over targets != ignore_index; 0, still in
+    the graph, when there are none."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    total = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="sum")
+    return total / (targets != ignore_index).sum().clamp(min=1)
+
+
 def linking_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
     """Cross-entropy over all entities, averaged over linked mentions (target != NULL_ENTITY)."""
     if targets is None:
         return logits.new_zeros((), dtype=torch.float32)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    total = F.cross_entropy(logits, targets, ignore_index=NULL_ENTITY, reduction="sum")
-    return total / (targets != NULL_ENTITY).sum().clamp(min=1)
+    return mean_cross_entropy(logits, targets, NULL_ENTITY)
 
 
 class EntityTable(nn.Module):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eae_model.entity_table import EntityTable, entity_attention  # noqa: F401  (re-exported)
+from eae_model.entity_table import EntityTable
 from eae_model.mentions import Mentions
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eae_model import bio
 from eae_model.config import EaEConfig
 from eae_model.constants import CLS_TOKEN_ID, SEP_TOKEN_ID
-from eae_model.entity_table import EntityTable, TableOutput
+from eae_model.entity_table import EntityTable, TableOutput, mean_cross_entropy
 from eae_model.heads import EntityPredHead, MentionDetectionHead, TokenPredHead
 from eae_model.memory import EntityMemory, MemoryOutput
 from eae_model.mentions import Mentions
@@ -182,7 +181,7 @@ class EaEModel(nn.Module):
         weights: dict[str, float] = {}
         if out.bio_logits is not None:
             labels = bio.bio_labels(m, attention_mask)
-            losses["mention"] = _mean_ce(out.bio_logits.flatten(0, 1), labels.flatten())
+            losses["mention"] = mean_cross_entropy(out.bio_logits.flatten(0, 1), labels.flatten(), IGNORE)
             weights["mention"] = c.weight_mention
         if m.entity_ids is not None:
             # Entity linking: softmax over all entities, only for linked mentions.
@@ -193,15 +192,8 @@ class EaEModel(nn.Module):
                 losses["entity_pred"] = out.entity_pred.loss
                 weights["entity_pred"] = c.weight_entity_pred
         if mlm_labels is not None:
-            losses["mlm"] = _mean_ce(out.mlm_logits, mlm_labels[out.mlm_positions])
+            losses["mlm"] = mean_cross_entropy(out.mlm_logits, mlm_labels[out.mlm_positions], IGNORE)
             weights["mlm"] = c.weight_mlm
         out.losses = losses
         if losses:
             out.loss = sum(weights[name] * value for name, value in losses.items())
-
-
-def _mean_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy averaged over targets != IGNORE; 0 (still in the graph) when there are none."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    total = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
-    return total / (targets != IGNORE).sum().clamp(min=1)

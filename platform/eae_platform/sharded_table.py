@@ -1,6 +1,6 @@
 """The entity table E sharded over the training workers, parameter-server style.
 
-`ShardedEntityTable` computes what `eae_model.memory.entity_attention` and the entity-linking
+`ShardedEntityTable` computes what `eae_model.entity_table.entity_attention` and the entity-linking
 (EL) loss compute for an unsharded E, but the N rows of E are split into W contiguous,
 near-equal blocks, one per worker of a torch.distributed group. Worker r owns rows
 [lo_r, hi_r) as its own `nn.Parameter` (so its optimizer state covers only those rows) and does

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from eae_model.entity_table import EntityTable
-from eae_model.memory import EntityMemory, entity_attention
+from eae_model.entity_table import EntityTable, entity_attention
+from eae_model.memory import EntityMemory
 from eae_model.mentions import Mentions
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eae_model.memory import entity_attention
+from eae_model.entity_table import entity_attention
 from eae_platform.sharded_table import ShardedEntityTable, bytes_per_step, shard_bounds
 
 N, D, W = 11, 16, 2  # N odd: shards of 6 and 5 rows

@@ -18,6 +18,9 @@ from eae_model.model import EaEModel
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 ENTITY_SHARDS = "entities-*.safetensors"  # E split by rows, one file per training worker
 TABLE_KEY = "entity_table.weight"
+# The entity vocabulary `eae data build` writes, copied beside the weights by pretraining:
+# entity ids -> titles, and the aliases and redirects that resolve names to ids.
+VOCAB_FILES = ("entities.parquet", "aliases.parquet", "redirects.parquet")
 
 
 def save_model(model: EaEModel, directory: str | Path) -> Path:
@@ -29,14 +32,16 @@ def save_model(model: EaEModel, directory: str | Path) -> Path:
     return directory
 
 
-def load_model(directory: str | Path, device: str | torch.device = "cpu") -> EaEModel:
-    """Rebuild the model from config.json and fill it from model.safetensors (strict: every
-    weight must be present and have the expected shape)."""
+def load_model(directory: str | Path, device: str | torch.device = "cpu", config: EaEConfig | None = None) -> EaEModel:
+    """Rebuild the model from config.json (or `config`, for a pretraining checkpoint, whose
+    config is in its state.json) and fill it from model.safetensors (strict: every weight must
+    be present and have the expected shape)."""
     directory = Path(directory)
-    for name in (WEIGHTS, CONFIG):
+    for name in (WEIGHTS,) if config is not None else (WEIGHTS, CONFIG):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory / name} not found: not a saved EaE model directory")
-    config = EaEConfig.from_dict(json.loads((directory / CONFIG).read_text()))
+    if config is None:
+        config = EaEConfig.from_dict(json.loads((directory / CONFIG).read_text()))
     with torch.device("meta"):
         model = EaEModel(config)
     # Clone: safetensors hands out views at unaligned offsets of one buffer, and unaligned

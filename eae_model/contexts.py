@@ -88,7 +88,7 @@ def chunk_boundaries(text: str, spans: list[Span], chunk_bytes: int = 500) -> li
     return ranges
 
 
-def _token_for_char(
+def token_span(
     offsets: list[tuple[int, int]], reach: list[int], start: int, end: int
 ) -> tuple[int, int] | None:
     """Wordpieces exactly covering the characters [start, end), or None when a wordpiece
@@ -147,7 +147,7 @@ class ContextBuilder:
                 if span.start < a:  # cannot happen: cuts never fall inside a mention
                     raise AssertionError("mention crosses a chunk boundary")
                 s, e = span.start - a, span.end - a
-                placed = _token_for_char(ctx.token_offsets, reach, s, e)
+                placed = token_span(ctx.token_offsets, reach, s, e)
                 if placed is None:
                     reason = "truncated" if e > covered else "no_tokens" if not chunk[s:e].strip() else "misaligned"
                     self.skipped[reason] += 1

@@ -119,11 +119,14 @@ class EaEModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         k: int | None | object = _ALL,
         validate: bool = True,
+        bio_labels: torch.Tensor | None = None,
     ) -> EaEOutput:
         """input_ids [B, L]; attention_mask [B, L] (1 = real token); mentions: the given spans
         (training, with entity ids for the EL losses) or None to use the BIO head's decoded
         spans; mlm_labels [B, L]: the original token at masked positions, IGNORE elsewhere;
-        k: the memory's top-k (None = all), by default config.k_train / k_inference.
+        k: the memory's top-k (None = all), by default config.k_train / k_inference;
+        bio_labels [B, L]: mention-detection targets when they are not the given spans' tags
+        (QA: the answer position is a mention but no text span).
 
         Losses are computed for what labels are given: BIO (whenever mentions are given),
         EL for the memory and EntityPred (linked mentions), masked LM (mlm_labels)."""
@@ -168,19 +171,20 @@ class EaEModel(nn.Module):
             out.mlm_positions = (mlm_labels != IGNORE).nonzero(as_tuple=True)
             out.mlm_logits = self.token_pred(x4[out.mlm_positions], self.token_embed.word.weight)
         if given:
-            self._add_losses(out, attention_mask, mlm_labels)
+            self._add_losses(out, attention_mask, mlm_labels, bio_labels)
         return out
 
     def token_logits(self, x4: torch.Tensor) -> torch.Tensor:
         """TokenPred at every position: x4 [..., H] -> [..., V]."""
         return self.token_pred(x4, self.token_embed.word.weight)
 
-    def _add_losses(self, out: EaEOutput, attention_mask: torch.Tensor, mlm_labels: torch.Tensor | None) -> None:
+    def _add_losses(self, out: EaEOutput, attention_mask: torch.Tensor, mlm_labels: torch.Tensor | None,
+                    bio_targets: torch.Tensor | None = None) -> None:
         c, m = self.config, out.mentions
         losses: dict[str, torch.Tensor] = {}
         weights: dict[str, float] = {}
         if out.bio_logits is not None:
-            labels = bio.bio_labels(m, attention_mask)
+            labels = bio.bio_labels(m, attention_mask) if bio_targets is None else bio_targets
             losses["mention"] = mean_cross_entropy(out.bio_logits.flatten(0, 1), labels.flatten(), IGNORE)
             weights["mention"] = c.weight_mention
         if m.entity_ids is not None:

@@ -66,5 +66,8 @@ class WordPieceTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)

@@ -101,6 +101,67 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _finetune_qa(args: argparse.Namespace) -> int:
+    from eae_platform.finetune.config import absolute_paths, load_finetune_config
+    from eae_platform.finetune.qa import finetune
+    from eae_platform.ray_session import connect
+    from eae_platform.tracking import tracking_uri
+
+    config = load_finetune_config(args.config, args.set, init=args.init, data=args.data, out=args.out,
+                                  max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size,
+                                  register_as=args.register_as)
+    # Resolved here: the task may run in another directory (or on another node of a cluster).
+    config = absolute_paths(config)
+    config.mlflow_uri = config.mlflow_uri or tracking_uri()
+    ray = connect(args.address)
+    gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
+
+    def task(config):
+        import torch
+
+        torch.set_num_threads(max(1, int(args.cpus)))
+        return finetune(config)
+
+    try:
+        summary = ray.get(ray.remote(num_cpus=args.cpus, num_gpus=gpus)(task).remote(config))
+    except ray.exceptions.RayTaskError as error:  # the task's own error, without Ray's wrapping
+        raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError)) else error
+    m, c = summary["metrics"], summary["counts"]
+    print(f"fine-tuned {summary['steps']} steps on {c['data/train_resolved']:,.0f} resolved training questions "
+          f"({c['data/train_dropped_unresolved']:,.0f} unresolved dropped)")
+    for split in ("dev", "test"):
+        if f"{split}/em" in m:
+            print(f"{split}: EM {100 * m[f'{split}/em']:.1f} (oracle {100 * m[f'{split}/oracle']:.1f}) "
+                  f"over {c[f'data/{split}_questions']:,.0f} questions")
+    print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
+    if summary["model"]:
+        print(f"model:       {summary['model']}")
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
+    from eae_platform.ray_session import connect
+
+    space = load_space(args.space, args.set)
+    connect(args.address)
+    summary = run_sweep(space, resume=args.resume)
+    print(format_trials(summary, list(space.grid)))
+    for t in summary["failed"]:
+        print(f"trial {t['trial']} failed: {t['error']}", file=sys.stderr)
+    print(f"MLflow parent run: {summary['parent_run_id']}; Tune state: {summary['storage']} (resume with --resume)")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from eae_platform.finetune.compare import find_runs, markdown, to_csv
+    from eae_platform.tracking import tracking_uri
+
+    runs = find_runs(args.runs, args.mlflow_uri or tracking_uri())
+    print(to_csv(runs) if args.format == "csv" else markdown(runs), end="" if args.format == "csv" else "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +205,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
     p.set_defaults(func=_pretrain)
 
+    f = commands.add_parser("finetune", help="fine-tune a pretrained model").add_subparsers(dest="task", required=True)
+    q = f.add_parser("qa", help="closed-book QA: predict the answer entity at an appended answer-position token")
+    q.add_argument("--config", help="YAML with a `finetune:` section")
+    q.add_argument("--set", action="append", default=[], metavar="finetune.KEY=VALUE", help="override a setting")
+    q.add_argument("--init", help="pretrained model: models:/<name>@<alias>, a model directory or a checkpoint")
+    q.add_argument("--data", help="synth:DIR, fanoutqa[:FILE], triviaqa:TRAIN,DEV[,TEST] or webquestions:TRAIN[,DEV],TEST")
+    q.add_argument("--out", help="where the fine-tuned model directory goes")
+    q.add_argument("--register-as", help="register the fine-tuned model in MLflow under this name")
+    q.add_argument("--max-steps", type=int)
+    q.add_argument("--lr", type=float)
+    q.add_argument("--batch-size", type=int)
+    q.add_argument("--cpus", type=float, default=1.0, help="CPUs of the Ray task that fine-tunes (default 1)")
+    q.add_argument("--gpus", type=float, help="GPUs of that task (default: 1 when the cluster has one)")
+    q.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
+    q.set_defaults(func=_finetune_qa)
+
+    t = commands.add_parser("tune", help="a Ray Tune sweep of QA fine-tuning (the paper's grids, or Optuna)")
+    t.add_argument("--space", required=True, help="a search space file, e.g. tune_spaces/webquestions.yaml")
+    t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override: sweep.<key>, finetune.<key> or grid.<key>=[...]")
+    t.add_argument("--resume", action="store_true", help="continue the sweep of this name (re-runs failed trials)")
+    t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
+    t.set_defaults(func=_tune)
+
+    c = commands.add_parser("compare", help="the paper's tables for MLflow runs, side by side")
+    c.add_argument("runs", nargs="+", metavar="RUN", help="MLflow run ids or run names")
+    c.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    c.add_argument("--mlflow-uri", help="tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    c.set_defaults(func=_compare)
+
     s = data.add_parser("synth", help="a deterministic synthetic world: MediaWiki XML + closed-book questions")
     s.add_argument("--out", required=True)
     s.add_argument("--entities", type=int, default=1000)
@@ -157,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as error:  # bad input: a clear message, no traceback
+    except (ValueError, FileNotFoundError, FileExistsError, LookupError) as error:  # bad input: a clear message
         print(f"eae: error: {error}", file=sys.stderr)
         return 2
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from eae_model.checkpoint import VOCAB_FILES
 from eae_model.constants import NULL_ENTITY
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data, state
@@ -259,3 +261,8 @@ def _save_final(model: EaEModel, config: PretrainConfig, rank: int, out: Path) -
     if rank == 0:
         save_file({n: p.detach().cpu().contiguous() for n, p in replicated.items()}, str(out / "model.safetensors"))
         (out / "config.json").write_text(config.model.to_json() + "\n")
+        # The entity vocabulary travels with the model: ids -> titles for serving, answer
+        # strings -> ids for QA fine-tuning.
+        for name in VOCAB_FILES:
+            if (Path(config.train.data) / name).is_file():
+                shutil.copyfile(Path(config.train.data) / name, out / name)

@@ -1,0 +1,260 @@
+"""Closed-book QA fine-tuning (paper section "Open domain Question Answering").
+
+    finetune(config) -> summary      # train on the resolvable train questions, evaluate EM
+
+One process (CPU threads or one GPU): QA batches are small, and a Tune sweep runs several
+trials side by side instead. The pretrained model comes from `config.init` (an MLflow model
+URI, a model directory or a pretraining checkpoint). Answers are resolved to entity ids with the
+model's entity vocabulary; unresolved *training* questions are dropped (counted), while every
+dev/test question counts, so EM is bounded by the oracle (the share that resolved), which is
+reported beside it as the paper does.
+
+MLflow (one run, a child of `parent_run_id` in sweeps): the whole config and the pretrained
+model's config as params; `train/loss` (+ per head), `train/lr`; `dev/em`, `dev/oracle`, and
+`test/em`, `test/oracle` when test is evaluated; counts as `data/*`; predictions as
+`predictions/<split>.jsonl` artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eae_model.aliases import AliasMatcher
+from eae_model.checkpoint import VOCAB_FILES, load_model, save_model
+from eae_model.config import EaEConfig
+from eae_model.constants import NULL_ENTITY
+from eae_model.model import EaEModel
+from eae_model.mentions import Mentions
+from eae_model.qa.encode import EncodedQuestion, QAEncoder
+from eae_model.qa.examples import SPLITS, QAExample, load_dataset
+from eae_model.qa.resolve import AnswerResolver
+from eae_model.tokenizer import WordPieceTokenizer
+from eae_platform.finetune.config import FinetuneConfig
+
+Report = Callable[[dict, "Path | None"], None]  # (metrics, final model dir or None)
+
+
+@dataclass
+class InitModel:
+    model_dir: Path
+    vocab_dir: Path | None
+    config: EaEConfig | None = None  # set for a pretraining checkpoint (its config is in state.json)
+
+
+def resolve_init(init: str, mlflow_uri: str | None = None) -> InitModel:
+    """Where the pretrained weights and their entity vocabulary are, for any `init` form."""
+    if not init:
+        raise ValueError("finetune.init is empty: give a model (models:/<name>@<alias>, a model directory "
+                         "or a pretraining checkpoint)")
+    if init.startswith(("models:/", "runs:/")):
+        from eae_platform.tracking import download_model_dir
+
+        model_dir = download_model_dir(init, uri=mlflow_uri)
+        return InitModel(model_dir, model_dir)
+    path = Path(init)
+    if (path / "config.json").is_file():
+        return InitModel(path, path)
+    if (path / "state.json").is_file():  # a Ray Train checkpoint of `eae pretrain`
+        saved = json.loads((path / "state.json").read_text())["config"]
+        return InitModel(path, Path(saved["train"]["data"]), EaEConfig.from_dict(saved["model"]))
+    raise FileNotFoundError(f"{init}: neither an MLflow model URI nor a model directory (config.json) nor a "
+                            "pretraining checkpoint (state.json)")
+
+
+class QATask:
+    """A dataset read, resolved and encoded for one model's vocabulary and tokenizer."""
+
+    def __init__(self, config: FinetuneConfig, vocab_dir: Path, max_length: int):
+        self.config = config
+        self.resolver = AnswerResolver.from_dir(vocab_dir)
+        self.dataset = load_dataset(config.data, config.dev_fraction)
+        matcher = None
+        if config.mentions == "alias":
+            matcher = AliasMatcher(self.resolver.names())
+        self.encoder = QAEncoder(WordPieceTokenizer(), max_length, config.answer_token, matcher)
+        self.examples: dict[str, list[QAExample]] = {}
+        self.encoded: dict[str, list[EncodedQuestion]] = {}
+        self.counts: dict[str, float] = {}
+        for split in SPLITS:
+            examples = self.dataset.splits.get(split, [])
+            resolved = self.resolver.resolve_all(examples)
+            if split == "train":  # the paper drops unresolved training questions
+                examples = [ex for ex in examples if ex.answer_id is not None]
+            self.examples[split] = examples
+            self.encoded[split] = self.encoder.encode(examples)
+            self.counts[f"data/{split}_questions"] = len(self.dataset.splits.get(split, []))
+            self.counts[f"data/{split}_resolved"] = resolved
+        self.counts["data/train_dropped_unresolved"] = self.counts["data/train_questions"] - len(self.examples["train"])
+        self.counts["data/question_mentions"] = sum(len(q.spans) for s in SPLITS for q in self.encoded[s])
+        for reason, n in sorted(self.dataset.skipped.items()):
+            self.counts[f"data/skipped_{reason}"] = n
+        for reason, n in sorted(self.encoder.skipped.items()):
+            self.counts[f"data/mentions_skipped_{reason}"] = n
+        if not self.examples["train"]:
+            raise ValueError(f"no training question of {config.data!r} resolves to an entity of the model's "
+                             f"vocabulary ({len(self.resolver):,} entities in {vocab_dir})")
+
+    def oracle(self, split: str) -> float:
+        n = self.counts[f"data/{split}_questions"]
+        return self.counts[f"data/{split}_resolved"] / n if n else math.nan
+
+    @torch.no_grad()
+    def evaluate(self, model: EaEModel, split: str, device: torch.device, k: int | None | object = None,
+                 ) -> tuple[dict[str, float], list[dict]]:
+        """Exact match of the top entity at the answer position over every question of `split`
+        (unresolved answers count as wrong). k: the memory's top-k (default: the model's
+        inference k). Returns ({em, oracle, questions}, predictions)."""
+        examples, encoded = self.examples[split], self.encoded[split]
+        was_training = model.training
+        model.eval()
+        predictions, correct = [], 0
+        size = self.config.eval_batch_size
+        for i in range(0, len(encoded), size):
+            batch = self.encoder.collate(encoded[i : i + size]).to(device)
+            mentions = Mentions(batch.mentions.batch_ids, batch.mentions.starts, batch.mentions.ends, None)
+            kwargs = {} if k is None else {"k": k}
+            with _autocast(device):
+                out = model(batch.input_ids, batch.attention_mask, mentions=mentions, **kwargs)
+            scores, ids = model.entity_table.top_k(out.entity_queries[batch.answer_index].float(), self.config.top_k)
+            for ex, row_scores, row_ids in zip(examples[i : i + size], scores.tolist(), ids.tolist()):
+                hit = self.resolver.matches(row_ids[0], ex.answers)
+                correct += hit
+                predictions.append({
+                    "id": ex.id, "question": ex.question, "answers": ex.answers[:5], "answer_id": ex.answer_id,
+                    "prediction": self.resolver.titles[row_ids[0]], "prediction_id": row_ids[0], "correct": hit,
+                    "top_k": [[self.resolver.titles[e], round(s, 4)] for e, s in zip(row_ids, row_scores)],
+                })
+        model.train(was_training)
+        n = len(examples)
+        return {"em": correct / n if n else math.nan, "oracle": self.oracle(split), "questions": n}, predictions
+
+
+def _autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+def load_init_model(init: InitModel, device: torch.device) -> EaEModel:
+    model = load_model(init.model_dir, config=init.config).to(device)
+    if model.entity_pred is None:
+        raise ValueError(f"the model of preset {model.config.preset!r} has no EntityPred head: it cannot "
+                         "predict answer entities (QA needs EaE or No-EaE)")
+    return model
+
+
+def _batches(n: int, batch_size: int, seed: int):
+    """Endless index batches: a fresh permutation each epoch (seeded by seed and epoch); when
+    there are fewer questions than batch_size, each batch is all of them."""
+    epoch = 0
+    while True:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=g).tolist()
+        if n <= batch_size:
+            yield order
+        else:
+            for i in range(0, n - batch_size + 1, batch_size):
+                yield order[i : i + batch_size]
+        epoch += 1
+
+
+def finetune(config: FinetuneConfig, report: Report | None = None, device: torch.device | None = None) -> dict:
+    """Fine-tune `config.init` on `config.data`; returns {metrics, run_id, model}."""
+    from eae_platform.pretrain.loop import lr_lambda
+    from eae_platform.tracking import Tracker
+
+    if config.crash_once_file and not Path(config.crash_once_file).exists():
+        Path(config.crash_once_file).touch()
+        raise RuntimeError(f"crash_once_file: failing this run once on purpose ({config.crash_once_file} created)")
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    init = resolve_init(config.init, config.mlflow_uri)
+    vocab_dir = Path(config.vocab) if config.vocab else init.vocab_dir
+    model = load_init_model(init, device)
+    task = QATask(config, vocab_dir, model.config.max_length)
+    if len(task.resolver) != model.config.num_entities:
+        raise ValueError(f"the entity vocabulary in {vocab_dir} has {len(task.resolver):,} entities but the model "
+                         f"{model.config.num_entities:,}: they do not belong together")
+
+    tags = {"eae.task": "qa", "eae.dataset": task.dataset.name}
+    if config.parent_run_id:
+        tags["mlflow.parentRunId"] = config.parent_run_id
+    tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags)
+    tracker.log_config({**config.to_dict(), "model": model.config.to_dict()})
+    tracker.log_metrics({**task.counts, "dev/oracle": task.oracle("dev"), "test/oracle": task.oracle("test")}, step=0)
+
+    torch.manual_seed(config.seed)
+    steps = config.steps
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(steps, config.warmup_fraction))
+    train = task.encoded["train"]
+    batches = _batches(len(train), config.batch_size, config.seed)
+    metrics: dict[str, float] = {}
+    window, window_steps, start = {}, 0, time.perf_counter()
+    model.train()
+    for step in range(1, steps + 1):
+        batch = task.encoder.collate([train[i] for i in next(batches)]).to(device)
+        with _autocast(device):
+            out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, bio_labels=batch.bio_labels)
+        if not torch.isfinite(out.loss):
+            raise FloatingPointError(f"step {step}: the loss is {float(out.loss)} (lr {config.lr} too high?)")
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        for name, value in {"loss": out.loss, **out.losses}.items():
+            window[name] = window.get(name, 0.0) + float(value.detach())
+        window_steps += 1
+        if step % config.log_every == 0 or step == steps:
+            elapsed = time.perf_counter() - start
+            tracker.log_metrics({("train/loss" if n == "loss" else f"train/loss_{n}"): v / window_steps
+                                 for n, v in window.items()} | {"train/lr": scheduler.get_last_lr()[0],
+                                 "train/steps_per_s": window_steps / elapsed}, step=step)
+            window, window_steps, start = {}, 0, time.perf_counter()
+        if config.eval_every and step % config.eval_every == 0 and step < steps:
+            dev, _ = task.evaluate(model, "dev", device)
+            tracker.log_metrics({"dev/em": dev["em"]}, step=step)
+            if report:
+                report({"step": step, "dev_em": dev["em"]}, None)
+
+    dev, dev_predictions = task.evaluate(model, "dev", device)
+    metrics = {"dev/em": dev["em"], "dev/oracle": dev["oracle"]}
+    predictions = {"dev": dev_predictions}
+    if config.evaluate_test:
+        test, predictions["test"] = task.evaluate(model, "test", device)
+        metrics.update({"test/em": test["em"], "test/oracle": test["oracle"]})
+    tracker.log_metrics(metrics, step=steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        for split, rows in predictions.items():
+            path = Path(tmp) / f"{split}.jsonl"
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            tracker.log_artifacts(path, "predictions")
+    out_dir = Path(config.out) if config.out else None
+    if out_dir or report:
+        out_dir = out_dir or Path(tempfile.mkdtemp(prefix="eae-qa-model-"))
+        save_qa_model(model, vocab_dir, out_dir)
+        if config.register_as:
+            tracker.register_model(out_dir, config.register_as, config.alias, step=steps)
+    summary = {"metrics": metrics, "run_id": tracker.run_id, "model": str(out_dir) if out_dir else None,
+               "counts": task.counts, "steps": steps}
+    if report:
+        report({"step": steps, "dev_em": dev["em"], "dev_oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},
+               out_dir)
+    tracker.close()
+    return summary
+
+
+def save_qa_model(model: EaEModel, vocab_dir: Path, out: Path) -> Path:
+    """The fine-tuned model as a model directory, with the entity vocabulary beside it."""
+    save_model(model, out)
+    for name in VOCAB_FILES:
+        if (vocab_dir / name).is_file() and (vocab_dir / name).resolve() != (out / name).resolve():
+            shutil.copyfile(vocab_dir / name, out / name)
+    return out

@@ -1,0 +1,248 @@
+"""Ray Tune sweeps of QA fine-tuning: the paper's grids, exactly, or Optuna searches.
+
+A space file (tune_spaces/*.yaml) holds a base `finetune:` config, the `grid:` to search and
+`sweep:` settings. Every trial is one `finetune()` run in a Tune function trainable, logged as
+an MLflow child run of the sweep's parent run. Selection is on dev EM; test is evaluated once,
+for the selected trial, by the driver (trials never see test). A failed trial is reported
+(printed, and tagged on the parent run) and the sweep goes on; `--resume` continues an
+interrupted sweep from its Tune experiment state and re-runs the failed trials.
+
+    search: grid          Tune's default searcher over tune.grid_search: every combination
+    search: optuna-grid   Optuna's GridSampler: the same combinations, through Optuna
+    search: optuna-tpe    Optuna's TPE over the grid's values, `num_samples` trials
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eae_model.config import parse_override
+from eae_platform.finetune.config import FinetuneConfig, absolute_paths, finetune_config_from
+
+SEARCHES = ("grid", "optuna-grid", "optuna-tpe")
+METRIC = "dev_em"
+
+
+@dataclass
+class SweepConfig:
+    name: str = "qa-sweep"  # Tune experiment name (under storage_path) and the parent MLflow run's name
+    search: str = "grid"
+    num_samples: int = 0  # optuna-tpe's trial budget (grid searches run every combination once)
+    max_concurrent: int = 2
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    storage_path: str = "runs/tune"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.search not in SEARCHES:
+            raise ValueError(f"sweep.search must be one of {', '.join(SEARCHES)}, got {self.search!r}")
+        if self.max_concurrent <= 0 or self.cpus_per_trial <= 0 or self.gpus_per_trial < 0:
+            raise ValueError("sweep.max_concurrent and sweep.cpus_per_trial must be positive, gpus_per_trial >= 0")
+        if self.search == "optuna-tpe" and self.num_samples <= 0:
+            raise ValueError("sweep.num_samples (the trial budget) must be positive for optuna-tpe")
+
+
+@dataclass
+class SweepSpace:
+    sweep: SweepConfig
+    finetune: dict[str, Any]  # base FinetuneConfig values
+    grid: dict[str, list] = field(default_factory=dict)
+
+    def combinations(self) -> list[dict[str, Any]]:
+        keys = list(self.grid)
+        return [dict(zip(keys, values)) for values in itertools.product(*(self.grid[k] for k in keys))]
+
+    def trial_config(self, params: dict[str, Any], **extra: Any) -> FinetuneConfig:
+        return finetune_config_from({**self.finetune, **params, **extra})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sweep": dataclasses.asdict(self.sweep), "finetune": self.finetune, "grid": self.grid}
+
+
+def load_space(path: str | Path, overrides: list[str] | None = None) -> SweepSpace:
+    """A space file, then `sweep.key=`, `finetune.key=` and `grid.key=[...]` overrides. Every
+    combination is checked to make a valid FinetuneConfig before anything runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"search space {path} not found (see tune_spaces/)")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or set(data) - {"sweep", "finetune", "grid"}:
+        raise ValueError(f"{path}: expected top-level sections sweep:, finetune: and grid: only")
+    sections = {k: dict(data.get(k) or {}) for k in ("sweep", "finetune", "grid")}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        section, _, name = key.partition(".")
+        if section not in sections or not name:
+            raise ValueError(f"override {key!r} must be sweep.<key>, finetune.<key> or grid.<key>")
+        sections[section][name] = value
+    sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}
+    unknown = set(sections["sweep"]) - sweep_fields
+    if unknown:
+        raise ValueError(f"unknown sweep keys: {', '.join(sorted(unknown))} (known: {', '.join(sorted(sweep_fields))})")
+    grid = sections["grid"]
+    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    for key, values in grid.items():
+        if key not in known:
+            raise ValueError(f"grid key {key!r} is not a finetune setting")
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"grid.{key} must be a non-empty list, got {values!r}")
+    space = SweepSpace(SweepConfig(**sections["sweep"]), sections["finetune"], grid)
+    for params in space.combinations():
+        space.trial_config(params)  # raises on a bad value, before any trial starts
+    return space
+
+
+def _trainable(base: dict[str, Any], parent_run_id: str, mlflow_uri: str, cpus: float):
+    def trial(params: dict[str, Any]) -> None:
+        import torch
+        from ray import tune
+
+        from eae_platform.finetune.qa import finetune
+
+        torch.set_num_threads(max(1, int(cpus)))
+        config = finetune_config_from({**base, **params, "evaluate_test": False, "parent_run_id": parent_run_id,
+                                       "mlflow_uri": mlflow_uri, "run_name": tune.get_context().get_trial_name(),
+                                       "out": None, "register_as": None})
+
+        def report(metrics: dict, model_dir: Path | None) -> None:
+            if model_dir is None:
+                tune.report(metrics)
+            else:  # the final report carries the fine-tuned model: Tune persists it
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(model_dir)))
+
+        finetune(config, report)
+
+    return trial
+
+
+def _search(space: SweepSpace):
+    """(param_space, search_alg, num_samples) for the space's search."""
+    from ray import tune
+
+    s = space.sweep
+    if s.search == "grid":
+        return {k: tune.grid_search(v) for k, v in space.grid.items()}, None, 1
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    param_space = {k: tune.choice(v) for k, v in space.grid.items()}
+    if s.search == "optuna-grid":
+        sampler = optuna.samplers.GridSampler(space.grid, seed=s.seed)
+        num_samples = len(space.combinations())
+    else:
+        sampler = optuna.samplers.TPESampler(seed=s.seed)
+        num_samples = s.num_samples
+    return param_space, OptunaSearch(sampler=sampler, metric=METRIC, mode="max"), num_samples
+
+
+def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
+    """Run (or resume) the sweep; returns a summary with every trial, the selected one and its
+    test EM. Raises RuntimeError when no trial finished."""
+    from ray import tune
+
+    from eae_platform.tracking import Tracker, tracking_uri
+
+    s = space.sweep
+    root = Path(s.storage_path).resolve()
+    state_file = root / s.name / "sweep.json"
+    # Trials run in their own directories: local paths absolute, the tracking URI fixed now.
+    base = absolute_paths(finetune_config_from(space.finetune))
+    mlflow_uri = base.mlflow_uri or tracking_uri()
+    experiment = base.experiment
+    space = SweepSpace(space.sweep, {**dataclasses.asdict(base), "mlflow_uri": mlflow_uri}, space.grid)
+    if resume:
+        if not state_file.is_file():
+            raise FileNotFoundError(f"nothing to resume: {state_file} not found (run the sweep first)")
+        saved = json.loads(state_file.read_text())
+        parent = Tracker(experiment, uri=mlflow_uri, run_id=saved["parent_run_id"])
+    else:
+        if (root / s.name).exists():
+            raise FileExistsError(f"{root / s.name} exists: resume it with --resume, or choose another sweep.name")
+        parent = Tracker(experiment, run_name=s.name, uri=mlflow_uri, tags={"eae.task": "qa-sweep"})
+        parent.log_config(space.to_dict())
+        (root / s.name).mkdir(parents=True)
+        state_file.write_text(json.dumps({"parent_run_id": parent.run_id, "space": space.to_dict()}, indent=2))
+
+    trainable = tune.with_resources(_trainable(space.finetune, parent.run_id, mlflow_uri, s.cpus_per_trial),
+                                    {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial})
+    if resume:
+        tuner = tune.Tuner.restore(str(root / s.name), trainable, resume_errored=True)
+    else:
+        param_space, search_alg, num_samples = _search(space)
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(metric=METRIC, mode="max", search_alg=search_alg, num_samples=num_samples,
+                                        max_concurrent_trials=s.max_concurrent),
+            run_config=tune.RunConfig(name=s.name, storage_path=str(root), verbose=1,
+                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
+        )
+    results = tuner.fit()
+
+    trials, failed = [], []
+    for r in results:
+        params = {k: r.config.get(k) for k in space.grid}
+        row = {"trial": (r.metrics or {}).get("trial_id") or Path(r.path).name, **params, "dev_em": r.metrics.get(METRIC) if r.metrics else None,
+               "mlflow_run_id": (r.metrics or {}).get("mlflow_run_id"), "checkpoint": r.checkpoint.path if r.checkpoint else None}
+        if r.error is not None:
+            row["error"] = str(r.error).strip().splitlines()[-1][:300]
+            failed.append(row)
+        trials.append(row)
+    done = [t for t in trials if "error" not in t and t["dev_em"] is not None and t["checkpoint"]]
+    parent.set_tags({"eae.failed_trials": json.dumps([{"trial": t["trial"], "error": t["error"]} for t in failed])})
+    parent.log_metrics({"sweep/trials": len(trials), "sweep/failed": len(failed), "sweep/finished": len(done)}, step=0)
+    if not done:
+        parent.close("FAILED")
+        raise RuntimeError(f"no trial of sweep {s.name} finished; failures: {failed}")
+    best = max(done, key=lambda t: (t["dev_em"], -done.index(t)))  # ties: the first trial
+    test = _evaluate_test(space, best, mlflow_uri)
+    parent.set_tags({"eae.best_trial": best["trial"], "eae.best_run_id": best["mlflow_run_id"] or "",
+                     **{f"eae.best.{k}": best[k] for k in space.grid}})
+    parent.log_metrics({"dev/em": best["dev_em"], "test/em": test["em"], "test/oracle": test["oracle"],
+                        "dev/oracle": test["dev_oracle"]}, step=0)
+    if best["mlflow_run_id"]:
+        child = Tracker(experiment, uri=mlflow_uri, run_id=best["mlflow_run_id"])
+        child.log_metrics({"test/em": test["em"], "test/oracle": test["oracle"]}, step=0)
+        child.set_tags({"eae.selected": "true"})
+        child.close()
+    parent.close()
+    return {"name": s.name, "parent_run_id": parent.run_id, "trials": trials, "failed": failed, "best": best,
+            "test": test, "storage": str(root / s.name)}
+
+
+def _evaluate_test(space: SweepSpace, best: dict, mlflow_uri: str) -> dict:
+    """The selected trial's fine-tuned model on the test split (once)."""
+    import torch
+
+    from eae_model.checkpoint import load_model
+    from eae_platform.finetune.qa import QATask
+
+    model_dir = Path(best["checkpoint"])
+    config = space.trial_config({k: best[k] for k in space.grid}, init=str(model_dir), mlflow_uri=mlflow_uri)
+    model = load_model(model_dir)
+    task = QATask(config, model_dir, model.config.max_length)
+    test, _ = task.evaluate(model, "test", torch.device("cpu"))
+    return {"em": test["em"], "oracle": test["oracle"], "questions": test["questions"], "dev_oracle": task.oracle("dev")}
+
+
+def format_trials(summary: dict, grid_keys: list[str]) -> str:
+    """A Markdown table of the trials, the selected one marked."""
+    head = ["trial", *grid_keys, "dev EM", "status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in summary["trials"]:
+        em = "" if t["dev_em"] is None or (isinstance(t["dev_em"], float) and math.isnan(t["dev_em"])) else f"{100 * t['dev_em']:.1f}"
+        status = "FAILED: " + t["error"] if "error" in t else ("selected" if t is summary["best"] else "ok")
+        lines.append("| " + " | ".join([t["trial"], *(str(t[k]) for k in grid_keys), em, status]) + " |")
+    test = summary["test"]
+    lines.append(f"\nselected {summary['best']['trial']}: dev EM {100 * summary['best']['dev_em']:.1f}, "
+                 f"test EM {100 * test['em']:.1f} (oracle {100 * test['oracle']:.1f}, {test['questions']} questions)")
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""QA fine-tuning, Tune sweeps and `eae compare` on a real local Ray cluster: a tiny model
+pretrained (Ray Train) on the synthetic world, fine-tuned through the CLI from its MLflow
+registry alias, a 2 x 2 grid logging to an MLflow server on PostgreSQL, a failed trial that a
+resumed sweep re-runs, and the comparison tables of known runs."""
+
+import csv
+import io
+import json
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from eae_model.synth import write_world
+from eae_platform import cli
+from eae_platform.finetune.compare import find_runs, markdown, to_csv
+from eae_platform.finetune.config import load_finetune_config
+from eae_platform.finetune.qa import QATask, load_init_model, resolve_init
+from eae_platform.finetune.sweep import load_space, run_sweep
+from eae_platform.preprocess.build import BuildSettings, build
+from eae_platform.pretrain.config import load_pretrain_config
+from eae_platform.pretrain.job import run
+
+
+@pytest.fixture(scope="module")
+def pretrained(ray_cluster, tmp_path_factory):
+    """(world dir, model dir, sqlite URI): tiny EaE pretrained for 150 steps on a 300-entity world."""
+    tmp = tmp_path_factory.mktemp("qa")
+    write_world(tmp / "world", 300, seed=0)
+    build(BuildSettings(dumps=[str(tmp / "world" / "world.xml")], out=str(tmp / "data"), dev_fraction=0.1,
+                        test_fraction=0.05, shard_rows=100))
+    num_entities = len((tmp / "data" / "manifest.json").read_text()) and json.loads(
+        (tmp / "data" / "manifest.json").read_text())["counts"]["entities"]
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    config = load_pretrain_config(None, [
+        f"model.num_entities={num_entities}", "model.max_length=128", f"train.data={tmp / 'data'}",
+        f"train.storage_path={tmp / 'ray'}", "train.name=world", "train.batch_size=32", "train.max_steps=150",
+        "train.lr=0.002", "train.num_workers=1", "train.cpus_per_worker=1", "train.log_every=50",
+        "train.checkpoint_every=150", "train.eval_batches=2", f"train.mlflow_uri={uri}", f"train.out={tmp / 'model'}",
+        "train.register_as=eae-world",
+    ], preset="tiny")
+    summary = run(config)
+    return tmp, summary, uri
+
+
+def test_finetuning_beats_the_untuned_model(pretrained, capsys):
+    tmp, pre, uri = pretrained
+    # the untuned model, evaluated exactly as fine-tuning evaluates
+    config = load_finetune_config(None, [], init=str(tmp / "model"), data=f"synth:{tmp / 'world'}")
+    init = resolve_init(config.init)
+    model = load_init_model(init, torch.device("cpu"))
+    task = QATask(config, init.vocab_dir, model.config.max_length)
+    untuned, _ = task.evaluate(model, "dev", torch.device("cpu"))
+    assert task.oracle("dev") == 1.0 and untuned["questions"] > 40  # the world's answers all resolve
+
+    # the CLI, from the model registered by pretraining, as a Ray task
+    code = cli.main(["finetune", "qa", "--init", "models:/eae-world@pretrained", "--data", f"synth:{tmp / 'world'}",
+                     "--max-steps", "150", "--lr", "1e-3", "--batch-size", "32", "--out", str(tmp / "qa-model"),
+                     "--set", f"finetune.mlflow_uri={uri}", "--set", "finetune.run_name=qa-world",
+                     "--set", "finetune.log_every=50"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    client = MlflowClient(uri)
+    [qa_run] = client.search_runs([client.get_experiment_by_name("eae-qa").experiment_id])
+    m = qa_run.data.metrics
+    assert m["dev/em"] > untuned["em"] + 0.05, (m["dev/em"], untuned["em"])
+    assert m["test/oracle"] == 1.0 and 0 <= m["test/em"] <= 1 and m["data/train_dropped_unresolved"] == 0
+    assert f"dev: EM {100 * m['dev/em']:.1f} (oracle 100.0)" in out
+    assert qa_run.data.params["finetune.init"] == "models:/eae-world@pretrained"
+    assert qa_run.data.params["model.preset"] == "tiny"
+    assert len(client.get_metric_history(qa_run.info.run_id, "train/loss")) == 3
+    arts = {a.path for a in client.list_artifacts(qa_run.info.run_id, "predictions")}
+    assert arts == {"predictions/dev.jsonl", "predictions/test.jsonl"}
+    assert (tmp / "qa-model" / "entities.parquet").is_file()
+
+
+def test_bad_finetune_input_is_a_clear_error(pretrained, capsys):
+    tmp, _, uri = pretrained
+    assert cli.main(["finetune", "qa", "--init", str(tmp / "nope"), "--data", f"synth:{tmp / 'world'}"]) == 2
+    assert "neither an MLflow model URI" in capsys.readouterr().err
+    assert cli.main(["finetune", "qa", "--init", str(tmp / "model"), "--data", "squad:x"]) == 2
+    assert "unknown QA dataset format" in capsys.readouterr().err
+    assert cli.main(["finetune", "qa", "--init", str(tmp / "model"), "--data", "synth:x", "--lr", "-1"]) == 2
+    assert "lr and step_scale must be positive" in capsys.readouterr().err
+
+
+def _space(tmp, tmp_path, uri, body):
+    path = tmp_path / "space.yaml"
+    path.write_text(body.format(init=tmp / "model", world=tmp / "world", uri=uri, storage=tmp_path / "tune"))
+    return path
+
+
+def test_grid_sweep_logs_every_trial_to_an_mlflow_server_on_postgresql(pretrained, server, tmp_path):
+    tmp, _, _ = pretrained
+    space = load_space(_space(tmp, tmp_path, server.url, """
+sweep: {{name: grid22, max_concurrent: 2, cpus_per_trial: 1, storage_path: "{storage}"}}
+finetune: {{init: "{init}", data: "synth:{world}", max_steps: 40, log_every: 10, mlflow_uri: "{uri}"}}
+grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
+"""))
+    summary = run_sweep(space)
+    assert len(summary["trials"]) == 4 and not summary["failed"]
+    assert {(t["lr"], t["batch_size"]) for t in summary["trials"]} == {(1e-3, 16), (1e-3, 32), (3e-4, 16), (3e-4, 32)}
+    best = summary["best"]
+    assert best["dev_em"] == max(t["dev_em"] for t in summary["trials"])
+
+    client = MlflowClient(server.url)
+    exp = client.get_experiment_by_name("eae-qa").experiment_id
+    parent = client.get_run(summary["parent_run_id"])
+    children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 4  # no trial's run lost to concurrent writers
+    for child in children:
+        history = client.get_metric_history(child.info.run_id, "train/loss")
+        assert [h.step for h in history] == [10, 20, 30, 40]
+        assert "dev/em" in child.data.metrics and child.data.params["finetune.evaluate_test"] == "false"
+    selected = [c for c in children if c.data.tags.get("eae.selected") == "true"]
+    assert [c.info.run_id for c in selected] == [best["mlflow_run_id"]]
+    assert "test/em" in selected[0].data.metrics  # test evaluated for the selected trial only
+    assert sum("test/em" in c.data.metrics for c in children) == 1
+    assert parent.data.metrics["test/em"] == summary["test"]["em"] and parent.data.metrics["sweep/trials"] == 4
+    assert parent.data.tags["eae.best_run_id"] == best["mlflow_run_id"]
+
+
+def test_failed_trial_is_reported_and_rerun_by_resume_through_optuna(pretrained, tmp_path, capsys):
+    tmp, _, uri = pretrained
+    path = _space(tmp, tmp_path, uri, """
+sweep: {{name: crash, search: optuna-grid, max_concurrent: 1, cpus_per_trial: 1, storage_path: "{storage}"}}
+finetune: {{init: "{init}", data: "synth:{world}", max_steps: 20, log_every: 10, mlflow_uri: "{uri}",
+           crash_once_file: "{storage}-crashed"}}
+grid: {{lr: [1.0e-3, 3.0e-4]}}
+""")
+    assert cli.main(["tune", "--space", str(path)]) == 0  # one trial fails, the sweep does not
+    captured = capsys.readouterr()
+    assert "failed: RuntimeError: crash_once_file" in captured.err
+    assert captured.out.count("| FAILED:") == 1 and captured.out.count("| selected |") == 1
+    first = json.loads((tmp_path / "tune" / "crash" / "sweep.json").read_text())
+    parent = MlflowClient(uri).get_run(first["parent_run_id"])
+    assert parent.data.metrics["sweep/failed"] == 1 and "crash_once_file" in parent.data.tags["eae.failed_trials"]
+
+    assert cli.main(["tune", "--space", str(path), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and out.count("| ok |") + out.count("| selected |") == 2
+    parent = MlflowClient(uri).get_run(first["parent_run_id"])  # the same parent run
+    assert parent.data.metrics["sweep/failed"] == 0 and parent.data.metrics["sweep/finished"] == 2
+    assert cli.main(["tune", "--space", str(path)]) == 2  # no silent overwrite
+    assert "resume it with --resume" in capsys.readouterr().err
+
+
+def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("known")
+    runs = {}
+    for name, params, tags, metrics in [
+        ("eae", {"model.preset": "paper"}, {}, {"dev/entity_accuracy": 0.581, "dev/token_accuracy": 0.452,
+                                                 "dev/perplexity": 18.93, "topk/1/entity_accuracy": 0.301,
+                                                 "topk/all/entity_accuracy": 0.582, "topk/1/qa_em": 0.1}),
+        ("no-eae", {"model.preset": "no_eae"}, {}, {"dev/entity_accuracy": 0.503, "dev/token_accuracy": 0.443,
+                                                    "dev/perplexity": 21.27}),
+        ("qa", {}, {"eae.dataset": "synth"}, {"dev/em": 0.4312, "test/em": 0.3958, "test/oracle": 1.0}),
+    ]:
+        run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
+        for k, v in params.items():
+            client.log_param(run_id, k, v)
+        for k, v in metrics.items():
+            client.log_metric(run_id, k, 0.0, step=0)  # an older value: compare shows the latest
+            client.log_metric(run_id, k, v, step=1)
+        runs[name] = run_id
+    assert cli.main(["compare", runs["eae"], "no-eae", "qa", "--mlflow-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "| eae | paper | 58.1 | 45.2 | 18.93 |" in out
+    assert "| no-eae | no_eae | 50.3 | 44.3 | 21.27 |" in out
+    assert "| qa | synth | 43.1 | 39.6 | 100.0 |" in out
+    assert "| 1 | 30.1 | – | – | 10.0 |" in out and "| all | 58.2 | – | – | – |" in out
+    rows = list(csv.DictReader(io.StringIO(to_csv(find_runs([runs["qa"], runs["eae"]], uri)))))
+    assert [r["run_name"] for r in rows] == ["qa", "eae"]
+    assert float(rows[0]["test/em"]) == 0.3958 and rows[1]["test/em"] == "" and float(rows[1]["dev/perplexity"]) == 18.93
+    assert markdown(find_runs(["qa"], uri)).count("###") == 1  # only the tables with metrics
+    assert cli.main(["compare", "no-such-run", "--mlflow-uri", uri]) == 2
+    assert "no MLflow run with id or name 'no-such-run'" in capsys.readouterr().err

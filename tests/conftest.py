@@ -33,6 +33,36 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def synth_pretrained(ray_cluster, tmp_path_factory):
+    """(dir, pretraining summary, sqlite URI): tiny EaE pretrained with Ray Train (1 worker,
+    150 steps) on a 300-entity synthetic world. dir holds world/ (questions), data/ (shards and
+    entity vocabulary), model/ (the model directory) and mlflow.db, where the model is
+    registered as models:/eae-world@pretrained. Shared by the QA and evaluation tests."""
+    import json
+
+    from eae_model.synth import write_world
+    from eae_platform.preprocess.build import BuildSettings, build
+    from eae_platform.pretrain.config import load_pretrain_config
+    from eae_platform.pretrain.job import run
+
+    tmp = tmp_path_factory.mktemp("qa")
+    write_world(tmp / "world", 300, seed=0)
+    build(BuildSettings(dumps=[str(tmp / "world" / "world.xml")], out=str(tmp / "data"), dev_fraction=0.1,
+                        test_fraction=0.05, shard_rows=100))
+    num_entities = json.loads((tmp / "data" / "manifest.json").read_text())["counts"]["entities"]
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    config = load_pretrain_config(None, [
+        f"model.num_entities={num_entities}", "model.max_length=128", f"train.data={tmp / 'data'}",
+        f"train.storage_path={tmp / 'ray'}", "train.name=world", "train.batch_size=32", "train.max_steps=150",
+        "train.lr=0.002", "train.num_workers=1", "train.cpus_per_worker=1", "train.log_every=50",
+        "train.checkpoint_every=150", "train.eval_batches=2", f"train.mlflow_uri={uri}", f"train.out={tmp / 'model'}",
+        "train.register_as=eae-world",
+    ], preset="tiny")
+    summary = run(config)
+    return tmp, summary, uri
+
+
 # --- a real MLflow server on PostgreSQL ----------------------------------------------------
 
 

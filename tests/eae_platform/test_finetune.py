@@ -1,7 +1,8 @@
 """QA fine-tuning, Tune sweeps and `eae compare` on a real local Ray cluster: a tiny model
 pretrained (Ray Train) on the synthetic world, fine-tuned through the CLI from its MLflow
 registry alias, a 2 x 2 grid logging to an MLflow server on PostgreSQL, a failed trial that a
-resumed sweep re-runs, and the comparison tables of known runs."""
+resumed sweep re-runs, and the comparison tables of known runs. The pretrained model is the
+session's `synth_pretrained` (tests/conftest.py)."""
 
 import csv
 import io
@@ -11,40 +12,15 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from eae_model.synth import write_world
 from eae_platform import cli
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import load_finetune_config
 from eae_platform.finetune.qa import QATask, load_init_model, resolve_init
 from eae_platform.finetune.sweep import load_space, run_sweep
-from eae_platform.preprocess.build import BuildSettings, build
-from eae_platform.pretrain.config import load_pretrain_config
-from eae_platform.pretrain.job import run
 
 
-@pytest.fixture(scope="module")
-def pretrained(ray_cluster, tmp_path_factory):
-    """(world dir, model dir, sqlite URI): tiny EaE pretrained for 150 steps on a 300-entity world."""
-    tmp = tmp_path_factory.mktemp("qa")
-    write_world(tmp / "world", 300, seed=0)
-    build(BuildSettings(dumps=[str(tmp / "world" / "world.xml")], out=str(tmp / "data"), dev_fraction=0.1,
-                        test_fraction=0.05, shard_rows=100))
-    num_entities = len((tmp / "data" / "manifest.json").read_text()) and json.loads(
-        (tmp / "data" / "manifest.json").read_text())["counts"]["entities"]
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    config = load_pretrain_config(None, [
-        f"model.num_entities={num_entities}", "model.max_length=128", f"train.data={tmp / 'data'}",
-        f"train.storage_path={tmp / 'ray'}", "train.name=world", "train.batch_size=32", "train.max_steps=150",
-        "train.lr=0.002", "train.num_workers=1", "train.cpus_per_worker=1", "train.log_every=50",
-        "train.checkpoint_every=150", "train.eval_batches=2", f"train.mlflow_uri={uri}", f"train.out={tmp / 'model'}",
-        "train.register_as=eae-world",
-    ], preset="tiny")
-    summary = run(config)
-    return tmp, summary, uri
-
-
-def test_finetuning_beats_the_untuned_model(pretrained, capsys):
-    tmp, pre, uri = pretrained
+def test_finetuning_beats_the_untuned_model(synth_pretrained, capsys):
+    tmp, pre, uri = synth_pretrained
     # the untuned model, evaluated exactly as fine-tuning evaluates
     config = load_finetune_config(None, [], init=str(tmp / "model"), data=f"synth:{tmp / 'world'}")
     init = resolve_init(config.init)
@@ -61,7 +37,8 @@ def test_finetuning_beats_the_untuned_model(pretrained, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     client = MlflowClient(uri)
-    [qa_run] = client.search_runs([client.get_experiment_by_name("eae-qa").experiment_id])
+    [qa_run] = client.search_runs([client.get_experiment_by_name("eae-qa").experiment_id],
+                                  filter_string="attributes.run_name = 'qa-world'")
     m = qa_run.data.metrics
     assert m["dev/em"] > untuned["em"] + 0.05, (m["dev/em"], untuned["em"])
     assert m["test/oracle"] == 1.0 and 0 <= m["test/em"] <= 1 and m["data/train_dropped_unresolved"] == 0
@@ -74,8 +51,8 @@ def test_finetuning_beats_the_untuned_model(pretrained, capsys):
     assert (tmp / "qa-model" / "entities.parquet").is_file()
 
 
-def test_bad_finetune_input_is_a_clear_error(pretrained, capsys):
-    tmp, _, uri = pretrained
+def test_bad_finetune_input_is_a_clear_error(synth_pretrained, capsys):
+    tmp, _, uri = synth_pretrained
     assert cli.main(["finetune", "qa", "--init", str(tmp / "nope"), "--data", f"synth:{tmp / 'world'}"]) == 2
     assert "neither an MLflow model URI" in capsys.readouterr().err
     assert cli.main(["finetune", "qa", "--init", str(tmp / "model"), "--data", "squad:x"]) == 2
@@ -90,8 +67,8 @@ def _space(tmp, tmp_path, uri, body):
     return path
 
 
-def test_grid_sweep_logs_every_trial_to_an_mlflow_server_on_postgresql(pretrained, server, tmp_path):
-    tmp, _, _ = pretrained
+def test_grid_sweep_logs_every_trial_to_an_mlflow_server_on_postgresql(synth_pretrained, server, tmp_path):
+    tmp, _, _ = synth_pretrained
     space = load_space(_space(tmp, tmp_path, server.url, """
 sweep: {{name: grid22, max_concurrent: 2, cpus_per_trial: 1, storage_path: "{storage}"}}
 finetune: {{init: "{init}", data: "synth:{world}", max_steps: 40, log_every: 10, mlflow_uri: "{uri}"}}
@@ -120,8 +97,8 @@ grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
     assert parent.data.tags["eae.best_run_id"] == best["mlflow_run_id"]
 
 
-def test_failed_trial_is_reported_and_rerun_by_resume_through_optuna(pretrained, tmp_path, capsys):
-    tmp, _, uri = pretrained
+def test_failed_trial_is_reported_and_rerun_by_resume_through_optuna(synth_pretrained, tmp_path, capsys):
+    tmp, _, uri = synth_pretrained
     path = _space(tmp, tmp_path, uri, """
 sweep: {{name: crash, search: optuna-grid, max_concurrent: 1, cpus_per_trial: 1, storage_path: "{storage}"}}
 finetune: {{init: "{init}", data: "synth:{world}", max_steps: 20, log_every: 10, mlflow_uri: "{uri}",

@@ -8,7 +8,6 @@ import csv
 import io
 import json
 
-import pytest
 import torch
 from mlflow.tracking import MlflowClient
 

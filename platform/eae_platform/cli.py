@@ -145,7 +145,11 @@ def _tune(args: argparse.Namespace) -> int:
 
     space = load_space(args.space, args.set)
     connect(args.address)
-    summary = run_sweep(space, resume=args.resume)
+    try:
+        summary = run_sweep(space, resume=args.resume)
+    except RuntimeError as error:  # no trial finished: each trial's error is in the message
+        print(f"eae: error: {error}", file=sys.stderr)
+        return 1
     print(format_trials(summary, list(space.grid)))
     for t in summary["failed"]:
         print(f"trial {t['trial']} failed: {t['error']}", file=sys.stderr)

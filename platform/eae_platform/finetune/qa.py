@@ -108,11 +108,12 @@ class QATask:
         return self.counts[f"data/{split}_resolved"] / n if n else math.nan
 
     @torch.no_grad()
-    def evaluate(self, model: EaEModel, split: str, device: torch.device, k: int | None | object = None,
+    def evaluate(self, model: EaEModel, split: str, device: torch.device, k: int | None = None,
                  ) -> tuple[dict[str, float], list[dict]]:
         """Exact match of the top entity at the answer position over every question of `split`
-        (unresolved answers count as wrong). k: the memory's top-k (default: the model's
-        inference k). Returns ({em, oracle, questions}, predictions)."""
+        (unresolved answers count as wrong). k: the memory's top-k; None: the model's inference
+        k (k >= num_entities is all of them, the full softmax). Returns ({em, oracle,
+        questions}, predictions)."""
         examples, encoded = self.examples[split], self.encoded[split]
         was_training = model.training
         model.eval()

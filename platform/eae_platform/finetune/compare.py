@@ -16,9 +16,12 @@ import io
 import math
 from dataclasses import dataclass
 
-PRETRAIN = [("entity acc", "dev/entity_accuracy", 100), ("token acc", "dev/token_accuracy", 100),
-            ("PPL", "dev/perplexity", 1)]
-QA = [("dev EM", "dev/em", 100), ("test EM", "test/em", 100), ("oracle (test)", "test/oracle", 100)]
+# Pretraining logs dev_entity_acc, dev_token_acc and dev_ppl during training; an evaluation
+# of a finished model logs dev/entity_accuracy, ... (the first name a run has is shown).
+PRETRAIN = [("entity acc", ("dev_entity_acc", "dev/entity_accuracy"), 100),
+            ("token acc", ("dev_token_acc", "dev/token_accuracy"), 100),
+            ("PPL", ("dev_ppl", "dev/perplexity"), 1)]
+QA = [("dev EM", ("dev/em",), 100), ("test EM", ("test/em",), 100), ("oracle (test)", ("test/oracle",), 100)]
 TOPK = ("1", "10", "100", "all")
 TOPK_METRICS = [("entity acc", "entity_accuracy", 100), ("token acc", "token_accuracy", 100),
                 ("PPL", "perplexity", 1), ("QA EM", "qa_em", 100)]
@@ -55,8 +58,14 @@ def find_runs(names: list[str], uri: str) -> list[RunInfo]:
             run = found[0]
         params, tags = run.data.params, run.data.tags
         kind = tags.get("eae.dataset") or params.get("model.preset") or ""
+        if params.get("model.use_entity_memory") == "false" and kind not in ("no_eae", "mm"):
+            kind += " without memory"  # a preset with the memory switched off (a No-EaE ablation)
         out.append(RunInfo(run.info.run_id, run.info.run_name or run.info.run_id[:8], kind, dict(run.data.metrics)))
     return out
+
+
+def _value(run: "RunInfo", names: tuple[str, ...]) -> float | None:
+    return next((run.metrics[n] for n in names if n in run.metrics), None)
 
 
 def _cell(value: float | None, scale: float) -> str:
@@ -73,15 +82,13 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
 
 def markdown(runs: list[RunInfo]) -> str:
     tables = []
+    for title, kind, spec in (("Pretraining (held-out masked mentions)", "preset", PRETRAIN),
+                              ("Question answering (exact match)", "dataset", QA)):
+        rows = [[r.name, r.kind, *(_cell(_value(r, names), s) for _, names, s in spec)]
+                for r in runs if any(_value(r, names) is not None for _, names, _ in spec)]
+        if rows:
+            tables.append(_table(title, ["run", kind, *(n for n, _, _ in spec)], rows))
     has = lambda keys: any(k in r.metrics for r in runs for k in keys)  # noqa: E731
-    if has([k for _, k, _ in PRETRAIN]):
-        rows = [[r.name, r.kind, *(_cell(r.metrics.get(k), s) for _, k, s in PRETRAIN)]
-                for r in runs if any(k in r.metrics for _, k, _ in PRETRAIN)]
-        tables.append(_table("Pretraining (held-out masked mentions)", ["run", "preset", *(n for n, _, _ in PRETRAIN)], rows))
-    if has([k for _, k, _ in QA]):
-        rows = [[r.name, r.kind, *(_cell(r.metrics.get(k), s) for _, k, s in QA)]
-                for r in runs if any(k in r.metrics for _, k, _ in QA)]
-        tables.append(_table("Question answering (exact match)", ["run", "dataset", *(n for n, _, _ in QA)], rows))
     keys = [topk_key(k, m) for k in TOPK for _, m, _ in TOPK_METRICS]
     if has(keys):
         head = ["K", *(f"{r.name} {n}" for r in runs if any(k in r.metrics for k in keys) for n, _, _ in TOPK_METRICS)]
@@ -94,7 +101,7 @@ def markdown(runs: list[RunInfo]) -> str:
 
 
 def to_csv(runs: list[RunInfo]) -> str:
-    columns = [k for _, k, _ in PRETRAIN] + [k for _, k, _ in QA] + [topk_key(k, m) for k in TOPK for _, m, _ in TOPK_METRICS]
+    columns = [n for _, names, _ in PRETRAIN + QA for n in names] + [topk_key(k, m) for k in TOPK for _, m, _ in TOPK_METRICS]
     columns = [c for c in columns if any(c in r.metrics for r in runs)]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

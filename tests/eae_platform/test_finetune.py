@@ -8,6 +8,7 @@ import csv
 import io
 import json
 
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -153,3 +154,22 @@ def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):
     assert markdown(find_runs(["qa"], uri)).count("###") == 1  # only the tables with metrics
     assert cli.main(["compare", "no-such-run", "--mlflow-uri", uri]) == 2
     assert "no MLflow run with id or name 'no-such-run'" in capsys.readouterr().err
+
+
+def test_optuna_tpe_runs_its_trial_budget(synth_pretrained, tmp_path):
+    tmp, _, uri = synth_pretrained
+    space = load_space(_space(tmp, tmp_path, uri, """
+sweep: {{name: tpe, search: optuna-tpe, num_samples: 3, max_concurrent: 2, cpus_per_trial: 1, storage_path: "{storage}"}}
+finetune: {{init: "{init}", data: "synth:{world}", max_steps: 10, log_every: 10, mlflow_uri: "{uri}"}}
+grid: {{lr: [1.0e-3, 3.0e-4, 1.0e-4], batch_size: [16, 32]}}
+"""))
+    summary = run_sweep(space)
+    assert len(summary["trials"]) == 3 and not summary["failed"]
+    assert all(t["lr"] in (1e-3, 3e-4, 1e-4) and t["batch_size"] in (16, 32) for t in summary["trials"])
+    assert summary["best"]["dev_em"] == max(t["dev_em"] for t in summary["trials"])
+    with pytest.raises(ValueError, match="num_samples"):
+        load_space(_space(tmp, tmp_path, uri, "sweep: {{search: optuna-tpe}}\ngrid: {{lr: [1.0e-3]}}\n"))
+    with pytest.raises(ValueError, match="grid key 'lrr'"):
+        load_space(_space(tmp, tmp_path, uri, "grid: {{lrr: [1.0e-3]}}\n"))
+    with pytest.raises(ValueError, match="batch_size must be positive"):
+        load_space(_space(tmp, tmp_path, uri, "grid: {{batch_size: [16, 0]}}\n"))

@@ -8,7 +8,9 @@ computed with a running maximum and sum per query over blocks of rows of E. The 
 recomputes each block's scores. With P = exp(S - lse), upstream gradients dO = dL/dR and
 g = dL/dlse, and delta_i = dO_i . R_i - g_i:
     dS = P o (dO E^T - delta)          dH = dS E          dE = dS^T H + P^T dO
-(with dO = 0 when only lse is wanted, as in the EntityPred head). These two functions,
+(with dO = 0 when only lse is wanted, as in the EntityPred head: then dS = -delta o P and
+dH = -delta o R, so the forward computes R anyway and the backward skips the dH pass, one
+matmul in the forward for two in the backward). These two functions,
 `block_forward` and `block_backward`, are the whole interface: `impl="chunked"` runs them in
 plain PyTorch (any device, the reference the tests compare against), `impl="triton"` runs the
 fused GPU kernels of eae_model.triton_kernels with the same signature. The sharded table
@@ -59,11 +61,13 @@ def chunked_backward(
     lse: torch.Tensor,
     delta: torch.Tensor,
     chunk_rows: int = 65536,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    need_dh: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Gradients of the block forward: H [M, d], E [N, d], dO [M, d] (None: lse only),
-    lse [M], delta [M] (see the module docstring) -> (dH [M, d], dE [N, d]), float32."""
+    lse [M], delta [M] (see the module docstring) -> (dH [M, d] or None when not need_dh,
+    dE [N, d]), float32."""
     acc = _acc(H.dtype)
-    dH = torch.zeros(H.shape, dtype=acc, device=H.device)
+    dH = torch.zeros(H.shape, dtype=acc, device=H.device) if need_dh else None
     dE = torch.empty(E.shape, dtype=acc, device=E.device)
     dOc = dO.to(H.dtype) if dO is not None else None
     for a in range(0, E.shape[0], chunk_rows):
@@ -74,7 +78,8 @@ def chunked_backward(
         dE[a : a + chunk_rows] = (dS.T.to(H.dtype) @ H).to(acc)
         if dO is not None:
             dE[a : a + chunk_rows] += (P.T.to(H.dtype) @ dOc).to(acc)
-        dH += (dS.to(H.dtype) @ Ec).to(acc)
+        if need_dh:
+            dH += (dS.to(H.dtype) @ Ec).to(acc)
     return dH, dE
 
 
@@ -86,12 +91,16 @@ def block_forward(H, E, retrieve: bool, impl: str, chunk_rows: int = 65536):
     return chunked_forward(H, E, retrieve, chunk_rows)
 
 
-def block_backward(H, E, dO, lse, delta, impl: str, chunk_rows: int = 65536):
+def block_backward(H, E, dO, lse, delta, impl: str, chunk_rows: int = 65536, R=None):
+    """R: the forward's normalised R, given when dO is None, gives dH = -delta o R directly."""
+    need_dh = dO is not None or R is None
     if impl == "triton":
         from eae_model.triton_kernels import memory_backward
 
-        return memory_backward(H, E, dO, lse, delta)
-    return chunked_backward(H, E, dO, lse, delta, chunk_rows)
+        dH, dE = memory_backward(H, E, dO, lse, delta, need_dh)
+    else:
+        dH, dE = chunked_backward(H, E, dO, lse, delta, chunk_rows, need_dh)
+    return (dH if need_dh else -delta[:, None] * R), dE
 
 
 def compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -108,13 +117,12 @@ class _BlockAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, retrieve: bool, impl: str, chunk_rows: int, cd: torch.dtype):
         H, E = h.detach().to(cd).contiguous(), weight.detach().to(cd).contiguous()
-        R, lse = block_forward(H, E, retrieve, impl, chunk_rows)
-        if R is None:
-            R = lse.new_empty(H.shape[0], 0)
+        # R also when only lse is returned: the backward then gets dH = g o R for free.
+        R, lse = block_forward(H, E, True, impl, chunk_rows)
         ctx.retrieve, ctx.impl, ctx.chunk_rows = retrieve, impl, chunk_rows
         ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
         ctx.save_for_backward(H, E, R, lse)
-        return R.to(cd), lse
+        return (R.to(cd) if retrieve else R.new_empty(H.shape[0], 0)), lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -126,7 +134,7 @@ class _BlockAttention(torch.autograd.Function):
         if ctx.retrieve and g_R is not None:
             dO = g_R.to(lse.dtype)
             delta = (dO * R).sum(1) - g_lse
-        dH, dE = block_backward(H, E, dO, lse, delta, ctx.impl, ctx.chunk_rows)
+        dH, dE = block_backward(H, E, dO, lse, delta, ctx.impl, ctx.chunk_rows, R)
         return dH.to(ctx.h_dtype), dE.to(ctx.w_dtype), None, None, None, None
 
 

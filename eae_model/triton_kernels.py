@@ -1,6 +1,6 @@
 """Triton kernels for the entity table on GPUs: the fused full-softmax memory (forward and
 recompute backward, the interface of eae_model.fused_memory.block_forward/block_backward) and
-the candidate pass of exact top-k search (eae_model.exact_topk).
+the passes of exact top-k search (eae_model.exact_topk.group_top_k).
 
 Shapes are the paper's: few queries (M ~ 1k mentions per step) against many rows (N = 1M),
 d = 256. So the work is split over N, flash-decoding style: a program owns BLOCK_M queries and
@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)  # kernels may only read constexpr globals
 
 _SPLIT_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
@@ -163,82 +164,109 @@ def memory_forward(H: torch.Tensor, E: torch.Tensor, retrieve: bool):
     m = mx.amax(0)
     w = torch.exp2(mx - m)
     z = (w * sm).sum(0)
-    lse = (m + torch.log2(z)) / _LOG2E
+    lse = (m + torch.log2(z)) / LOG2E
     R = torch.einsum("sm,smd->md", w, acc) / z[:, None] if retrieve else None
     return R, lse
 
 
-def memory_backward(H, E, dO, lse, delta):
-    """block_backward on the GPU -> (dH [M, d] fp32, dE [N, d] fp32)."""
+def memory_backward(H, E, dO, lse, delta, need_dh: bool = True):
+    """block_backward on the GPU -> (dH [M, d] fp32 or None, dE [N, d] fp32)."""
     _check(H, E)
     M, D = H.shape
     N = E.shape[0]
     retrieve = dO is not None
     dO = dO.to(H.dtype).contiguous() if retrieve else H
     lse, delta = lse.float().contiguous(), delta.float().contiguous()
-    splits, rows = _splits(M, N)
-    dh = torch.empty(splits, M, D, device=H.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-    _grad_h_kernel[grid](H, E, dO, lse, delta, dh, M, N, rows, D=D, RETRIEVE=retrieve)
+    dh = None
+    if need_dh:
+        splits, rows = _splits(M, N)
+        dh = torch.empty(splits, M, D, device=H.device, dtype=torch.float32)
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
+        _grad_h_kernel[grid](H, E, dO, lse, delta, dh, M, N, rows, D=D, RETRIEVE=retrieve)
     de = torch.empty(N, D, device=H.device, dtype=torch.float32)
     grid_e = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
     _grad_e_kernel[grid_e](H, E, dO, lse, delta, de, M, N, D=D, RETRIEVE=retrieve)
-    return dh.sum(0), de
+    return (dh.sum(0) if need_dh else None), de
 
 
 # ----------------------------------------------------------------------------- exact top-k
 
 
-_TOPK_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (64, 128, 4, 3), (128, 256, 8, 3)]
+SUPER_ROWS = 128  # rows per super-group: one tile of the group kernel
+
+
+_GROUP_CONFIGS = [
+    triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
+    for bm, w, s in [(128, 8, 2), (128, 4, 2), (128, 8, 3), (64, 4, 3), (64, 8, 3), (256, 8, 2)]
 ]
 
 
-@triton.autotune(configs=_TOPK_CONFIGS, key=["D", "CAP", "ROWS"], reset_to_zero=["COUNT"])
+@triton.autotune(configs=_GROUP_CONFIGS, key=["D", "G", "ROWS"])
 @triton.jit
-def _candidates_kernel(
-    H, E, TAU, COUNT, OUT_S, OUT_I, M, N, ROWS, CAP, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    """Program (query block, slice of ROWS rows): every score S_ij >= TAU_i is appended to
-    query i's list (OUT_S, OUT_I [M, CAP]) at a slot reserved with an atomic counter; COUNT
-    ends as the true number of candidates (slots past CAP are not written)."""
+def _group_max_kernel(H, E, GMAX, SMAX, M, N, NG, NS, ROWS, D: tl.constexpr, G: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (query block, slice of ROWS rows): each query's best score in every group of G
+    consecutive rows of E (GMAX [M, NG]) and in every tile of BLOCK_N rows (SMAX [M, NS]),
+    float32. Scores never leave the chip."""
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q_ok = offs_m < M
     q = tl.load(H + offs_m[:, None] * D + offs_d[None, :], mask=q_ok[:, None], other=0.0)
-    tau = tl.load(TAU + offs_m, mask=q_ok, other=float("inf"))
     start = pid_s * ROWS
     end = tl.minimum(start + ROWS, N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
         s = tl.dot(q, tl.trans(e))
-        keep = (s >= tau[:, None]) & (offs_n[None, :] < end)
-        if tl.max(keep.to(tl.int32)) > 0:
-            slot = tl.atomic_add(COUNT + offs_m[:, None] + 0 * offs_n[None, :], 1, mask=keep)
-            ok = keep & (slot < CAP)
-            where = offs_m[:, None] * CAP + slot
-            tl.store(OUT_S + where, s, mask=ok)
-            tl.store(OUT_I + where, offs_n[None, :] + 0 * offs_m[:, None], mask=ok)
+        s = tl.where(offs_n[None, :] < end, s, -float("inf"))
+        best = tl.max(tl.reshape(s, (BLOCK_M, BLOCK_N // G, G)), axis=2)
+        offs_g = n0 // G + tl.arange(0, BLOCK_N // G)
+        tl.store(GMAX + offs_m[:, None] * NG + offs_g[None, :], best, mask=q_ok[:, None] & (offs_g[None, :] < NG))
+        tl.store(SMAX + offs_m * NS + n0 // BLOCK_N, tl.max(best, axis=1), mask=q_ok)
 
 
-def candidates(H: torch.Tensor, E: torch.Tensor, tau: torch.Tensor, cap: int):
-    """All (score, row) with H_i . E_j >= tau_i: (scores [M, cap] fp32, -inf padded; ids [M, cap]
-    int32; counts [M] int32, the true number, which may exceed cap)."""
+@triton.jit
+def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (query i, block of its candidates): OUT[i, c] = H_i . E_CAND[i, c] in float32
+    (-inf where the candidate id is past the table)."""
+    i = tl.program_id(0)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, D)
+    c_ok = offs_c < C
+    ids = tl.load(CAND + i * C + offs_c, mask=c_ok, other=0)
+    valid = c_ok & (ids < N)
+    rows = tl.load(E + ids[:, None].to(tl.int64) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+    q = tl.load(H + i * D + offs_d).to(tl.float32)
+    s = tl.sum(rows.to(tl.float32) * q[None, :], axis=1)
+    tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
+
+
+def group_maxima(H: torch.Tensor, E: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's best score per group of `group` rows, [M, ceil(N / group)], and per
+    super-group of SUPER_ROWS rows, [M, ceil(N / SUPER_ROWS)]; float32."""
     _check(H, E)
+    if SUPER_ROWS % group or group & (group - 1):
+        raise ValueError(f"group must be a power of two dividing {SUPER_ROWS}, got {group}")
     M, D = H.shape
     N = E.shape[0]
+    NG, NS = triton.cdiv(N, group), triton.cdiv(N, SUPER_ROWS)
     sms = torch.cuda.get_device_properties(H.device).multi_processor_count
-    blocks = math.ceil(M / 128)
-    splits = max(1, min(math.ceil(2 * sms / blocks), math.ceil(N / 256)))
-    rows = math.ceil(N / splits / 256) * 256
+    splits = max(1, min(math.ceil(2 * sms / math.ceil(M / 128)), NS))
+    rows = math.ceil(N / splits / SUPER_ROWS) * SUPER_ROWS
     splits = math.ceil(N / rows)
-    scores = torch.full((M, cap), -math.inf, device=H.device, dtype=torch.float32)
-    ids = torch.full((M, cap), -1, device=H.device, dtype=torch.int32)
-    count = torch.zeros(M, device=H.device, dtype=torch.int32)
+    gmax = torch.empty(M, NG, device=H.device, dtype=torch.float32)
+    smax = torch.empty(M, NS, device=H.device, dtype=torch.float32)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-    _candidates_kernel[grid](H, E, tau.float().contiguous(), count, scores, ids, M, N, rows, cap, D=D)
-    return scores, ids, count
+    _group_max_kernel[grid](H, E, gmax, smax, M, N, NG, NS, rows, D=D, G=group, BLOCK_N=SUPER_ROWS)
+    return gmax, smax
+
+
+def rescore(H: torch.Tensor, E: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """H [M, d], candidate row ids [M, C] -> float32 scores [M, C]."""
+    M, C = cand.shape
+    out = torch.empty(M, C, device=H.device, dtype=torch.float32)
+    cand = cand.to(torch.int32).contiguous()
+    _rescore_kernel[(M, triton.cdiv(C, 128))](H, E, cand, out, C, E.shape[0], D=H.shape[1], BLOCK_C=128)
+    return out

@@ -103,7 +103,7 @@ def eae_flops(c: EaEConfig, tokens: int, length: int, mentions: int, masked_toke
 # ----------------------------------------------------------------------------- step
 
 
-def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool):
+def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, compile: bool):
     torch.manual_seed(0)
     table = None
     if sharded:
@@ -112,6 +112,9 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool):
         table = ShardedEntityTable(config.num_entities, config.entity_dim, device=device,
                                    chunk_rows=config.memory_chunk_rows, memory_impl=config.memory_impl)
     model = EaEModel(config, entity_table=table).to(device).train()
+    if compile:  # the fixed-shape parts; mention-dependent code (memory, heads) stays eager
+        for module in (model.token_embed, model.transformer_l0, model.transformer_l1):
+            module.compile()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
@@ -148,7 +151,7 @@ def _bert_step(c: EaEConfig, ids, labels, device, compile: bool):
 
 
 def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides: list[str], sharded: bool,
-               bert: bool = True, compile_bert: bool = False) -> dict:
+               bert: bool = True, compile: bool = False) -> dict:
     """Measure BERT's MLM step and EaE's step (one per memory impl) on one device; print a table."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = load_config(preset, overrides=overrides)
@@ -158,10 +161,10 @@ def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides:
     peak = peak_flops()
     print(f"device {device_name(device)}, torch {torch.__version__}, preset {preset}, batch {batch} x {base.max_length}"
           f" = {tokens:,} tokens, {M} mentions ({M / batch:.2f}/context), entities {base.num_entities:,} x "
-          f"{base.entity_dim}, bf16 autocast: {device.type == 'cuda'}", flush=True)
+          f"{base.entity_dim}, bf16 autocast: {device.type == 'cuda'}, torch.compile: {compile}", flush=True)
     runs = []
     if bert:
-        runs.append(("bert_mlm" + ("_compiled" if compile_bert else ""), None, False))
+        runs.append(("bert_mlm", None, False))
     for impl in impls:
         runs.append((f"eae_{impl}", impl, False))
     if sharded:
@@ -169,11 +172,11 @@ def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides:
     results = {}
     for name, impl, is_sharded in runs:
         if impl is None:
-            step, keep = _bert_step(base, ids, labels, device, compile_bert)
+            step, keep = _bert_step(base, ids, labels, device, compile)
             flops = bert_flops(base, tokens, base.max_length)
         else:
             config = load_config(preset, overrides=overrides + [f"memory_impl={impl}"])
-            step, keep = _eae_step(config, ids, labels, mentions, device, is_sharded)
+            step, keep = _eae_step(config, ids, labels, mentions, device, is_sharded, compile)
             flops = eae_flops(config, tokens, config.max_length, M, masked)
         seconds, mem = timed(step, steps, device)
         del step, keep
@@ -193,7 +196,7 @@ def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides:
         print(f"{name:>24} {r['ms']:9.1f} {r['tokens_per_s']:11,.0f} {r['model_tflop']:10.2f} {r['tflops']:8.1f} "
               f"{mfu:>6} {r['peak_gib']:8.1f} {ratio:>8}")
     return {"device": device_name(device), "torch": torch.__version__, "preset": preset, "batch": batch,
-            "tokens": tokens, "mentions": M, "results": results}
+            "tokens": tokens, "mentions": M, "compile": compile, "results": results}
 
 
 # ----------------------------------------------------------------------------- memory kernels
@@ -239,23 +242,25 @@ def bench_memory(mentions: int, entities: int, dim: int, reps: int = 10) -> dict
             lse = torch.logsumexp(logits, -1)
         ((R.float() * gR).sum() + (lse * glse).sum()).backward()
 
-    def fused(impl):
+    def fused(impl, retrieve=True):
         def run():
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                R, lse = block_attention(h, E, True, impl)
-            ((R.float() * gR).sum() + (lse * glse).sum()).backward()
+                R, lse = block_attention(h, E, retrieve, impl)
+            (((R.float() * gR).sum() if retrieve else 0) + (lse * glse).sum()).backward()
         return run
 
     times = {}
-    for name, fn in (("naive_dense", naive), ("chunked_pytorch", fused("chunked")), ("triton", fused("triton"))):
+    for name, fn in (("naive_dense", naive), ("chunked_pytorch", fused("chunked")), ("triton", fused("triton")),
+                     ("triton_lse_only", fused("triton", False))):
         seconds, mem = timed(fn, reps, device)
         times[name] = {"ms": seconds * 1e3, "peak_gib": mem}
         h.grad = E.grad = None
     flops = 3 * 2 * 2 * mentions * entities * dim  # model FLOPs: 2 matmuls forward, 4 backward
     peak = peak_flops()
-    print(f"device {device_name(device)}: memory {mentions} mentions x {entities:,} x {dim}, retrieval + lse, fwd+bwd")
+    print(f"device {device_name(device)}: memory {mentions} mentions x {entities:,} x {dim}, retrieval + lse, fwd+bwd "
+          "(triton_lse_only: the EntityPred head's call, half the model FLOPs)")
     for name, t in times.items():
-        t["tflops"] = flops / t["ms"] * 1e3 / 1e12
+        t["tflops"] = (flops / 2 if name.endswith("lse_only") else flops) / t["ms"] * 1e3 / 1e12
         mfu = f", {100 * t['tflops'] * 1e12 / peak:.0f}% of bf16 peak" if peak else ""
         print(f"  {name:>16}: {t['ms']:7.2f} ms, {t['tflops']:6.1f} TFLOP/s{mfu}, peak {t['peak_gib']:.1f} GiB")
     print("  triton vs fp32 reference (relative error): " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
@@ -267,42 +272,48 @@ def bench_memory(mentions: int, entities: int, dim: int, reps: int = 10) -> dict
 
 
 def bench_topk(queries: int, entities: int, dim: int, k: int, check: int, reps: int = 3) -> dict:
-    """Exact top-k over a bf16 table: the threshold kernel vs naive topk of full score rows;
-    recall of both against a float32 brute-force reference on `check` queries."""
-    from eae_model.exact_topk import chunked_top_k, threshold_top_k
+    """Exact top-k over a bf16 table: naive topk of full score rows and the group-maxima
+    kernel (groups of 16 and 8 rows); recall of each against a float32 brute force on `check`
+    queries."""
+    from eae_model.exact_topk import chunked_top_k, group_top_k
+    from eae_model.triton_kernels import group_maxima
 
     device = torch.device("cuda")
     g = torch.Generator(device=device).manual_seed(0)
     E = (torch.randn(entities, dim, device=device, generator=g) * 0.05).bfloat16()
     H = torch.randn(queries, dim, device=device, generator=g).bfloat16()
 
-    def naive(block=4096):
-        return torch.cat([(H[a : a + block] @ E.T).topk(k, dim=1).indices for a in range(0, queries, block)])
+    def naive(q=H, block=4096):
+        return torch.cat([(q[a : a + block] @ E.T).topk(k, dim=1).indices for a in range(0, q.shape[0], block)])
 
-    def fast():
-        return threshold_top_k(H, E, k)
-
-    results = {}
-    for name, fn in (("naive_topk", naive), ("threshold_kernel", fast)):
-        seconds, mem = timed(fn, reps, device, warmup=1)
-        results[name] = {"ms": seconds * 1e3, "queries_per_s": queries / seconds, "peak_gib": mem}
+    methods = {"naive_topk": naive, "group_max_kernel": lambda q=H: group_top_k(q, E, k)[1],
+               "group_max_kernel_g8": lambda q=H: group_top_k(q, E, k, group=8)[1]}
     _, ref_ids = chunked_top_k(H[:check], E, k)
-    vals, ids, fallbacks = threshold_top_k(H[:check], E, k)
-    naive_ids = (H[:check] @ E.T).topk(k, dim=1).indices
+    ref_sorted = ref_ids.sort(1).values
 
     def recall(found):
-        hits = (found.sort(1).values[:, :, None] == ref_ids.sort(1).values[:, None, :]).any(-1).sum()
+        hits = (found.sort(1).values[:, :, None] == ref_sorted[:, None, :]).any(-1).sum()
         return hits.item() / ref_ids.numel()
 
-    results["threshold_kernel"].update(recall=recall(ids), fallback_queries=fallbacks)
-    results["naive_topk"]["recall"] = recall(naive_ids)
+    results = {}
+    for name, fn in methods.items():
+        seconds, mem = timed(fn, reps, device, warmup=1)
+        results[name] = {"ms": seconds * 1e3, "queries_per_s": queries / seconds, "peak_gib": mem,
+                         "recall": recall(fn(H[:check]))}
+        print(f"  measured {name}: {seconds * 1e3:.1f} ms", flush=True)
+    # Where the group kernel's time goes: the fused pass alone, per block of 16,384 queries.
+    q = H[:16384]
+    parts = {"group_pass_ms": timed(lambda: group_maxima(q, E, 16), reps, device, 1)[0] * 1e3,
+             "matmul_cublas_ms": timed(lambda: q @ E[:262144].T, reps, device, 1)[0] * 1e3 * entities / 262144,
+             "whole_ms": timed(lambda: group_top_k(q, E, k), reps, device, 1)[0] * 1e3}
     print(f"device {device_name(device)}: exact top-{k} over {entities:,} x {dim} (bf16), {queries:,} queries; "
           f"recall vs float32 brute force on {check} queries")
     for name, r in results.items():
         print(f"  {name:>16}: {r['ms']:8.1f} ms, {r['queries_per_s']:12,.0f} queries/s, recall {r['recall']:.4f}, "
               f"peak {r['peak_gib']:.1f} GiB")
+    print(f"  group kernel per {q.shape[0]} queries: " + ", ".join(f"{key} {v:.1f}" for key, v in parts.items()))
     return {"device": device_name(device), "queries": queries, "entities": entities, "dim": dim, "k": k,
-            "results": results}
+            "results": results, "group_breakdown": parts}
 
 
 def _write(result: dict, path: str | None) -> int:
@@ -320,7 +331,7 @@ def _need_cuda() -> None:
 def run_step(args: argparse.Namespace) -> int:
     impls = args.impl or (["triton"] if torch.cuda.is_available() else ["chunked"])
     return _write(bench_step(args.preset, args.batch, args.steps, impls, args.set, args.sharded,
-                             not args.no_bert, args.compile_bert), args.json)
+                             not args.no_bert, args.compile), args.json)
 
 
 def run_memory(args: argparse.Namespace) -> int:

@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "else chunked)")
     st.add_argument("--sharded", action="store_true", help="also EaE with the sharded table (one worker)")
     st.add_argument("--no-bert", action="store_true", help="skip the BERT baseline")
-    st.add_argument("--compile-bert", action="store_true", help="torch.compile the BERT baseline")
+    st.add_argument("--compile", action="store_true", help="torch.compile BERT (whole model) and EaE's "
+                    "embeddings and transformer stacks (the memory and heads stay eager)")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an EaEConfig key")
     st.add_argument("--json", help="also write the figures to this JSON file")
     st.set_defaults(func=_bench, run="run_step")

@@ -349,85 +349,135 @@ def run_topk(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- scaling
 
 
-def _scaling_worker(rank: int, world: int, preset: str, batch: int, steps: int, overrides: list[str], port: int, out):
+def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps: int, overrides: list[str]):
+    """On every worker of an initialised process group: time pretraining steps (the loop's
+    model, sharded table and gradient sync) on a synthetic batch; all workers' figures
+    [seconds per step, peak GiB, table state GiB], gathered."""
     import torch.distributed as dist
 
     from eae_platform.pretrain.config import PretrainConfig, TrainConfig
     from eae_platform.pretrain.loop import build_model, sync_and_clip
     from eae_platform.pretrain.state import split_params
 
+    config = PretrainConfig(load_config(preset, overrides=overrides), TrainConfig(num_workers=world, batch_size=batch * world))
+    model = build_model(config).to(device).train()
+    replicated, table = split_params(model)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    c = config.model
+    ids, labels, mentions = make_batch(batch, c.max_length, c.num_entities, c.vocab_size, device, seed=rank)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, mentions=mentions, mlm_labels=labels, validate=False).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        sync_and_clip(list(replicated.values()), list(table.values()), 1.0)
+        optimizer.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / steps
+    rows = sum(p.numel() for p in table.values())
+    table_gib = 4 * rows * 4 / 2**30  # float32 table, gradient and Adam's two moments
+    stats = torch.tensor([seconds, torch.cuda.max_memory_allocated() / 2**30, table_gib], device=device)
+    gathered = [torch.zeros_like(stats) for _ in range(world)]
+    dist.all_gather(gathered, stats)
+    return [g.tolist() for g in gathered]
+
+
+def _scaling_worker(rank: int, world: int, preset: str, batch: int, steps: int, overrides: list[str], port: int, out):
+    import torch.distributed as dist
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
     try:
-        config = PretrainConfig(load_config(preset, overrides=overrides), TrainConfig(num_workers=world, batch_size=batch * world))
-        model = build_model(config).to(device).train()
-        replicated, table = split_params(model)
-        optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        c = config.model
-        ids, labels, mentions = make_batch(batch, c.max_length, c.num_entities, c.vocab_size, device, seed=rank)
-
-        def step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(ids, mentions=mentions, mlm_labels=labels, validate=False).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            sync_and_clip(list(replicated.values()), list(table.values()), 1.0)
-            optimizer.step()
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / steps
-        rows = sum(p.numel() for p in table.values())
-        # Table parameter + gradient + Adam's two moments, float32.
-        table_gib = 4 * rows * 4 / 2**30
-        stats = torch.tensor([seconds, torch.cuda.max_memory_allocated() / 2**30, table_gib], device=device)
-        gathered = [torch.zeros_like(stats) for _ in range(world)]
-        dist.all_gather(gathered, stats)
+        stats = _measure_steps(rank, world, device, preset, batch, steps, overrides)
         if rank == 0:
-            out.put([g.tolist() for g in gathered])
+            out.put(stats)
     finally:
         dist.destroy_process_group()
 
 
-def bench_scaling(preset: str, batch: int, steps: int, gpus: list[int], overrides: list[str]) -> dict:
+def _ray_train_worker(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    stats = _measure_steps(ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(),
+                           config["preset"], config["batch"], config["steps"], config["overrides"])
+    if ctx.get_world_rank() == 0:  # Ray Train V2 keeps metrics only with checkpoints: a file
+        with open(config["out"], "w") as f:
+            json.dump(stats, f)
+    ray.train.report({})
+
+
+def _launch_ray_train(world: int, preset: str, batch: int, steps: int, overrides: list[str]) -> list:
+    """One Ray Train run (TorchTrainer, NCCL process group set up by Ray) of `world` GPU workers."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    out = f"/tmp/eae-ray-scaling-{os.getpid()}-{world}.json"
+    trainer = TorchTrainer(
+        _ray_train_worker,
+        train_loop_config={"preset": preset, "batch": batch, "steps": steps, "overrides": overrides, "out": out},
+        scaling_config=ScalingConfig(num_workers=world, use_gpu=True, resources_per_worker={"CPU": 2, "GPU": 1}),
+        run_config=RunConfig(name=f"eae-scaling-{world}-{os.getpid()}", storage_path="/tmp/eae-ray-scaling"),
+    )
+    trainer.fit()
+    with open(out) as f:
+        return json.load(f)
+
+
+def bench_scaling(preset: str, batch: int, steps: int, gpus: list[int], overrides: list[str], ray: bool = False) -> dict:
     """Data-parallel pretraining steps (sharded table over NCCL, replicated gradients
     all-reduced, as in eae_platform.pretrain.loop) with `batch` contexts per GPU, for each
-    GPU count: global tokens/s, scaling vs the first count, memory per GPU."""
+    GPU count: global tokens/s, scaling vs the first count, memory per GPU. Workers are
+    launched by Ray Train (ray=True: TorchTrainer on a local Ray cluster) or by
+    torch.multiprocessing; the timed code is the same."""
     import torch.multiprocessing as mp
 
+    if ray:
+        import ray as ray_module
+
+        ray_module.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
     ctx = mp.get_context("spawn")
     results = {}
     for i, world in enumerate(gpus):
         if world > torch.cuda.device_count():
             raise ValueError(f"{world} GPUs asked for, {torch.cuda.device_count()} present")
-        queue = ctx.Queue()
-        mp.start_processes(_scaling_worker, args=(world, preset, batch, steps, overrides, 29500 + i, queue),
-                           nprocs=world, join=True, start_method="spawn")
-        per_rank = queue.get()
+        if ray:
+            per_rank = _launch_ray_train(world, preset, batch, steps, overrides)
+        else:
+            queue = ctx.Queue()
+            mp.start_processes(_scaling_worker, args=(world, preset, batch, steps, overrides, 29500 + i, queue),
+                               nprocs=world, join=True, start_method="spawn")
+            per_rank = queue.get()
         seconds = max(r[0] for r in per_rank)
         tokens = world * batch * load_config(preset, overrides=overrides).max_length
         results[world] = {"ms": seconds * 1e3, "tokens_per_s": tokens / seconds,
                           "peak_gib_per_gpu": [r[1] for r in per_rank], "table_state_gib_per_gpu": [r[2] for r in per_rank]}
     first = results[gpus[0]]["tokens_per_s"]
-    print(f"device {device_name(torch.device('cuda'))} x {max(gpus)}: data-parallel steps, {batch} contexts per GPU")
+    launcher = "Ray Train (TorchTrainer)" if ray else "torch.multiprocessing"
+    print(f"device {device_name(torch.device('cuda'))} x {max(gpus)}: data-parallel steps, {batch} contexts per GPU, "
+          f"workers launched by {launcher}")
     for world, r in results.items():
         r["scaling"] = r["tokens_per_s"] / first
         print(f"  {world} GPU(s): {r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, {r['scaling']:.2f}x, "
               f"peak {max(r['peak_gib_per_gpu']):.1f} GiB/GPU, table + grad + Adam {r['table_state_gib_per_gpu'][0]:.2f} GiB/GPU")
-    return {"device": device_name(torch.device("cuda")), "batch_per_gpu": batch, "results": results}
+    return {"device": device_name(torch.device("cuda")), "batch_per_gpu": batch, "launcher": launcher, "results": results}
 
 
 def run_scaling(args: argparse.Namespace) -> int:
     _need_cuda()
     gpus = [int(x) for x in args.gpus.split(",")]
     overrides = args.set or ["memory_impl=triton"]
-    return _write(bench_scaling(args.preset, args.batch, args.steps, gpus, overrides), args.json)
+    return _write(bench_scaling(args.preset, args.batch, args.steps, gpus, overrides, args.ray), args.json)

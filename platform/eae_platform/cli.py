@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--gpus", default="1,2", help="GPU counts to run, comma-separated")
     sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="EaEConfig override (default memory_impl=triton)")
+    sc.add_argument("--ray", action="store_true", help="launch the workers with Ray Train (TorchTrainer) "
+                    "instead of torch.multiprocessing")
     sc.add_argument("--json")
     sc.set_defaults(func=_bench, run="run_scaling")
 

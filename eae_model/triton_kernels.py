@@ -154,6 +154,8 @@ def memory_forward(H: torch.Tensor, E: torch.Tensor, retrieve: bool):
     _check(H, E)
     M, D = H.shape
     N = E.shape[0]
+    if M == 0:  # a batch without mentions: nothing to launch
+        return (H.new_zeros(0, D, dtype=torch.float32) if retrieve else None), H.new_zeros(0, dtype=torch.float32)
     splits, rows = _splits(M, N)
     mx = torch.empty(splits, M, device=H.device, dtype=torch.float32)
     sm = torch.empty_like(mx)
@@ -174,6 +176,8 @@ def memory_backward(H, E, dO, lse, delta, need_dh: bool = True):
     _check(H, E)
     M, D = H.shape
     N = E.shape[0]
+    if M == 0:
+        return (H.new_zeros(0, D, dtype=torch.float32) if need_dh else None), E.new_zeros(N, D, dtype=torch.float32)
     retrieve = dO is not None
     dO = dO.to(H.dtype).contiguous() if retrieve else H
     lse, delta = lse.float().contiguous(), delta.float().contiguous()

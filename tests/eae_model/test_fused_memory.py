@@ -131,6 +131,16 @@ def test_model_with_chunked_memory_equals_dense():
         _close(grads[1][name], grads[0][name])
 
 
+def test_no_mentions():
+    table = EntityTable(50, 8, impl="chunked", chunk_rows=16)
+    torch.nn.init.normal_(table.weight)
+    h = torch.zeros(0, 8, requires_grad=True)
+    out = table.attend(h, None, torch.zeros(0, dtype=torch.long))
+    assert out.retrieved.shape == (0, 8) and out.loss.item() == 0.0
+    (out.retrieved.sum() + out.loss).backward()
+    assert not table.weight.grad.any()
+
+
 def test_dense_attention_reference_is_unchanged():
     # The dense path's numerics (the default) stay those of entity_attention + linking_loss.
     h, E, g = _inputs(M=6, N=40, d=8, dtype=torch.float32)

@@ -4,14 +4,14 @@
 with the running top-k.
 
 `group_top_k` (CUDA, Triton), for serving: one fused pass over E keeps, per query, only the
-best score of each group of G consecutive rows ([M, N / G] maxima; the [M, N] scores never
-reach memory). The k-th largest group maximum is a lower bound of the k-th best score (those
-k maxima are k distinct rows), so every row of the true top-k lies in one of the k best
-groups. The best k + slack groups (slack absorbs rounding differences between the two
-passes) are found by a two-level top-k (per-tile maxima first, then the groups of the best
-tiles), their (k + slack) G rows are rescored in float32, and the top-k of those is the
-answer: exact by construction, no fallback. (A first version, a sampled score threshold
-with atomically appended candidates, ran at 151k queries/s on an H100: docs/performance.md.)
+best score of each group of G consecutive rows ([M, N / G] maxima) and of each 128-row
+super-group; the [M, N] scores never reach memory. The k-th largest group maximum is a lower
+bound of the k-th best score (those k maxima are k distinct rows), so every row of the true
+top-k lies in one of the k best groups. The best k + slack groups (slack absorbs rounding
+differences between the two passes) are found by a two-level top-k (super-groups first, then
+the groups of the best super-groups), their (k + slack) G rows are rescored in float32, and
+the top-k of those is the answer: exact by construction, no fallback. (Earlier versions and
+their H100 figures: docs/performance.md.)
 """
 
 from __future__ import annotations

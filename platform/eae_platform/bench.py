@@ -303,7 +303,19 @@ def bench_topk(queries: int, entities: int, dim: int, k: int, check: int, reps: 
         print(f"  measured {name}: {seconds * 1e3:.1f} ms", flush=True)
     # Where the group kernel's time goes: the fused pass alone, per block of 16,384 queries.
     q = H[:16384]
+    # Its steps, as group_top_k runs them (k + 8 groups of 16 rows, super-groups of 128 rows).
+    from eae_model.triton_kernels import rescore
+
+    gmax, smax = group_maxima(q, E, 16)
+    kg = k + 8
+    supers = smax.topk(kg, dim=1).indices
+    gids = ((supers[:, :, None] * 8 + torch.arange(8, device=device)).flatten(1)).clamp(max=gmax.shape[1] - 1)
+    groups = gids.gather(1, gmax.gather(1, gids).topk(kg, dim=1).indices)
+    cand = (groups[:, :, None] * 16 + torch.arange(16, device=device)).flatten(1)
     parts = {"group_pass_ms": timed(lambda: group_maxima(q, E, 16), reps, device, 1)[0] * 1e3,
+             "supergroup_topk_ms": timed(lambda: smax.topk(kg, dim=1), reps, device, 1)[0] * 1e3,
+             "group_gather_topk_ms": timed(lambda: gmax.gather(1, gids).topk(kg, dim=1), reps, device, 1)[0] * 1e3,
+             "rescore_ms": timed(lambda: rescore(q, E, cand), reps, device, 1)[0] * 1e3,
              "matmul_cublas_ms": timed(lambda: q @ E[:262144].T, reps, device, 1)[0] * 1e3 * entities / 262144,
              "whole_ms": timed(lambda: group_top_k(q, E, k), reps, device, 1)[0] * 1e3}
     print(f"device {device_name(device)}: exact top-{k} over {entities:,} x {dim} (bf16), {queries:,} queries; "

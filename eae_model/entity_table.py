@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eae_model.constants import NULL_ENTITY
-from eae_model.fused_memory import IMPLS, block_attention, gold_scores, linking_loss_from_lse
+from eae_model.fused_memory import IMPLS, block_attention, linking_loss_from_lse
 
 
 @dataclass
@@ -99,11 +99,10 @@ class EntityTable(nn.Module):
         """attend without the [M, N] logits. k < N: the exact top-k ids (no gradient, as
         topk's selection has none), then the softmax over those k scores, differentiable."""
         top = retrieve and k is not None and k < self.num_entities
-        retrieved = lse = None
-        if retrieve and not top:
-            retrieved, lse = block_attention(h, self.weight, True, self.impl, self.chunk_rows)
-        elif targets is not None:
-            _, lse = block_attention(h, self.weight, False, self.impl, self.chunk_rows)
+        retrieved = lse = gold = None
+        if (retrieve and not top) or targets is not None:
+            full, lse, gold = block_attention(h, self.weight, retrieve and not top, self.impl, self.chunk_rows, targets)
+            retrieved = full
         if top:
             _, ids = self.top_k(h, k)
             rows = self.weight[ids]  # [M, k, d]
@@ -111,7 +110,6 @@ class EntityTable(nn.Module):
             retrieved = torch.einsum("mk,mkd->md", _softmax(top_logits).to(rows.dtype), rows)
         if targets is None:
             return TableOutput(retrieved=retrieved, loss=h.new_zeros((), dtype=torch.float32), lse=lse)
-        gold = gold_scores(h, self.weight, targets)
         return TableOutput(retrieved=retrieved, loss=linking_loss_from_lse(lse, gold, targets), lse=lse, gold=gold)
 
     @torch.no_grad()

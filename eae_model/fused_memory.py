@@ -112,22 +112,31 @@ def compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 class _BlockAttention(torch.autograd.Function):
-    """(h [M, d], E [N, d]) -> (R [M, d] or empty, lse [M]); saves only h, E, R and lse."""
+    """(h [M, d], E [N, d], targets [M] or None) -> (R [M, d] or empty, lse [M], gold [M] or
+    empty); saves only h, E (in the compute dtype), R and lse. The gold score h . E_t is
+    computed here too, so that its gradient is added into the kernel's dE rows in place
+    rather than through a second dense [N, d] gradient of E."""
 
     @staticmethod
-    def forward(ctx, h, weight, retrieve: bool, impl: str, chunk_rows: int, cd: torch.dtype):
+    def forward(ctx, h, weight, targets, retrieve: bool, impl: str, chunk_rows: int, cd: torch.dtype):
         H, E = h.detach().to(cd).contiguous(), weight.detach().to(cd).contiguous()
         # R also when only lse is returned: the backward then gets dH = g o R for free.
         R, lse = block_forward(H, E, True, impl, chunk_rows)
+        gold = lse.new_empty(0)
+        linked = rows = None
+        if targets is not None:  # unlinked mentions read row 0 and are masked (no host sync)
+            linked = (targets != NULL_ENTITY).to(lse.dtype)
+            rows = targets.clamp(min=0)
+            gold = (H.to(lse.dtype) * E[rows].to(lse.dtype)).sum(-1) * linked
         ctx.retrieve, ctx.impl, ctx.chunk_rows = retrieve, impl, chunk_rows
         ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
-        ctx.save_for_backward(H, E, R, lse)
-        return (R.to(cd) if retrieve else R.new_empty(H.shape[0], 0)), lse
+        ctx.save_for_backward(H, E, R, lse, linked, rows)
+        return (R.to(cd) if retrieve else R.new_empty(H.shape[0], 0)), lse, gold
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g_R, g_lse):
-        H, E, R, lse = ctx.saved_tensors
+    def backward(ctx, g_R, g_lse, g_gold):
+        H, E, R, lse, linked, rows = ctx.saved_tensors
         g_lse = torch.zeros_like(lse) if g_lse is None else g_lse.to(lse.dtype)
         dO = None
         delta = -g_lse
@@ -135,26 +144,31 @@ class _BlockAttention(torch.autograd.Function):
             dO = g_R.to(lse.dtype)
             delta = (dO * R).sum(1) - g_lse
         dH, dE = block_backward(H, E, dO, lse, delta, ctx.impl, ctx.chunk_rows, R)
-        return dH.to(ctx.h_dtype), dE.to(ctx.w_dtype), None, None, None, None
+        if linked is not None and g_gold is not None:
+            g = (g_gold.to(lse.dtype) * linked)[:, None]
+            dH += g * E[rows].to(lse.dtype)
+            dE.index_add_(0, rows, g * H.to(lse.dtype))
+        return dH.to(ctx.h_dtype), dE.to(ctx.w_dtype), None, None, None, None, None
 
 
 def block_attention(
-    h: torch.Tensor, weight: torch.Tensor, retrieve: bool = True, impl: str = "chunked", chunk_rows: int = 65536
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Softmax over all N entities without the [M, N] matrix: h [M, d], weight E [N, d] ->
-    (R = softmax(h E^T) E [M, d] or None, lse [M] float32). Differentiable in h and E."""
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    retrieve: bool = True,
+    impl: str = "chunked",
+    chunk_rows: int = 65536,
+    targets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """Softmax over all N entities without the [M, N] matrix: h [M, d], weight E [N, d],
+    targets [M] (NULL_ENTITY: unlinked) -> (R = softmax(h E^T) E [M, d] or None, lse [M]
+    float32, gold [M] = h . E_target float32, 0 where unlinked, or None without targets).
+    Differentiable in h and E."""
     if impl not in ("chunked", "triton"):
         raise ValueError(f"block attention impl must be chunked or triton, got {impl!r}")
     if impl == "triton" and not h.is_cuda:
         raise ValueError("memory_impl=triton needs CUDA tensors; use chunked on CPU")
-    R, lse = _BlockAttention.apply(h, weight, retrieve, impl, chunk_rows, compute_dtype(h, weight))
-    return (R if retrieve else None), lse
-
-
-def gold_scores(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """[M] score h_i . E_{t_i} in float32 (0 for unlinked mentions), differentiable."""
-    rows = weight[targets.clamp(min=0)].to(torch.float32)
-    return (h.to(torch.float32) * rows).sum(-1) * (targets != NULL_ENTITY)
+    R, lse, gold = _BlockAttention.apply(h, weight, targets, retrieve, impl, chunk_rows, compute_dtype(h, weight))
+    return (R if retrieve else None), lse, (gold if targets is not None else None)
 
 
 def linking_loss_from_lse(lse: torch.Tensor, gold: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -115,7 +115,7 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, c
     if compile:  # the fixed-shape parts; mention-dependent code (memory, heads) stays eager
         for module in (model.token_embed, model.transformer_l0, model.transformer_l1):
             module.compile()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step():
@@ -135,7 +135,7 @@ def _bert_step(c: EaEConfig, ids, labels, device, compile: bool):
     bert = BertForMaskedLM(BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                                       num_hidden_layers=c.l0 + c.l1, num_attention_heads=c.num_heads,
                                       intermediate_size=c.ffn_size, max_position_embeddings=512)).to(device)
-    optimizer = torch.optim.Adam(bert.parameters(), lr=1e-4)
+    optimizer = torch.optim.Adam(bert.parameters(), lr=1e-4, fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     mask = torch.ones_like(ids)
     forward = torch.compile(bert) if compile else bert
@@ -245,7 +245,7 @@ def bench_memory(mentions: int, entities: int, dim: int, reps: int = 10) -> dict
     def fused(impl, retrieve=True):
         def run():
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                R, lse = block_attention(h, E, retrieve, impl)
+                R, lse, _ = block_attention(h, E, retrieve, impl)
             (((R.float() * gR).sum() if retrieve else 0) + (lse * glse).sum()).backward()
         return run
 
@@ -374,7 +374,7 @@ def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps
     config = PretrainConfig(load_config(preset, overrides=overrides), TrainConfig(num_workers=world, batch_size=batch * world))
     model = build_model(config).to(device).train()
     replicated, table = split_params(model)
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     c = config.model
     ids, labels, mentions = make_batch(batch, c.max_length, c.num_entities, c.vocab_size, device, seed=rank)
 

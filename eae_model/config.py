@@ -54,6 +54,12 @@ class EaEConfig:
     k_train: int | None = None
     k_inference: int | None = 100
 
+    # How the softmax over all entities is computed (same function, different cost):
+    # dense = the [M, N] logits in memory; chunked = blocks of memory_chunk_rows rows with a
+    # running max and sum (PyTorch, any device); triton = fused GPU kernels (CUDA only).
+    memory_impl: str = "dense"
+    memory_chunk_rows: int = 65536
+
     # Loss weights (paper: a plain sum).
     weight_mention: float = 1.0
     weight_memory_el: float = 1.0
@@ -79,6 +85,10 @@ class EaEConfig:
             k = getattr(self, name)
             if k is not None and k <= 0:
                 problems.append(f"{name} must be positive or null (all entities), got {k}")
+        if self.memory_impl not in ("dense", "chunked", "triton"):
+            problems.append(f"memory_impl must be dense, chunked or triton, got {self.memory_impl!r}")
+        if self.memory_chunk_rows <= 0:
+            problems.append(f"memory_chunk_rows must be positive, got {self.memory_chunk_rows}")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
         if problems:

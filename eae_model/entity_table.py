@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eae_model.constants import NULL_ENTITY
+from eae_model.fused_memory import IMPLS, block_attention, linking_loss_from_lse
 
 
 @dataclass
@@ -62,10 +63,19 @@ def linking_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Te
 
 
 class EntityTable(nn.Module):
-    """All N x d entity embeddings in one process."""
+    """All N x d entity embeddings in one process.
 
-    def __init__(self, num_entities: int, dim: int, trainable: bool = True):
+    impl: how attend computes the softmax over all N entities. "dense" materialises the
+    [M, N] logits (returned, for inspection); "chunked" (PyTorch, any device) and "triton"
+    (fused GPU kernels) work over blocks of chunk_rows rows and never hold the [M, N] matrix
+    (eae_model.fused_memory); the results are equal up to float rounding.
+    """
+
+    def __init__(self, num_entities: int, dim: int, trainable: bool = True, impl: str = "dense", chunk_rows: int = 65536):
         super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"memory impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        self.impl, self.chunk_rows = impl, chunk_rows
         self.weight = nn.Parameter(torch.empty(num_entities, dim), requires_grad=trainable)
 
     @property
@@ -77,13 +87,37 @@ class EntityTable(nn.Module):
     ) -> TableOutput:
         """h [M, d]; k: retrieval top-k (None = all); targets [M] entity ids (NULL_ENTITY = no
         loss); retrieve=False skips E_m (EntityPred needs only the loss)."""
+        if self.impl != "dense":
+            return self._attend_blocks(h, k, targets, retrieve)
         if retrieve:
             retrieved, logits = entity_attention(h, self.weight, k)
         else:
             retrieved, logits = None, h @ self.weight.T
         return TableOutput(retrieved=retrieved, loss=linking_loss(logits, targets), logits=logits)
 
+    def _attend_blocks(self, h, k, targets, retrieve) -> TableOutput:
+        """attend without the [M, N] logits. k < N: the exact top-k ids (no gradient, as
+        topk's selection has none), then the softmax over those k scores, differentiable."""
+        top = retrieve and k is not None and k < self.num_entities
+        retrieved = lse = gold = None
+        if (retrieve and not top) or targets is not None:
+            full, lse, gold = block_attention(h, self.weight, retrieve and not top, self.impl, self.chunk_rows, targets)
+            retrieved = full
+        if top:
+            _, ids = self.top_k(h, k)
+            rows = self.weight[ids]  # [M, k, d]
+            top_logits = torch.einsum("md,mkd->mk", h, rows.to(h.dtype))
+            retrieved = torch.einsum("mk,mkd->md", _softmax(top_logits).to(rows.dtype), rows)
+        if targets is None:
+            return TableOutput(retrieved=retrieved, loss=h.new_zeros((), dtype=torch.float32), lse=lse)
+        return TableOutput(retrieved=retrieved, loss=linking_loss_from_lse(lse, gold, targets), lse=lse, gold=gold)
+
     @torch.no_grad()
     def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k best entities by dot product: (scores [M, k], ids [M, k])."""
-        return (h @ self.weight.T).topk(min(k, self.num_entities), dim=-1)
+        k = min(k, self.num_entities)
+        if self.impl == "dense":
+            return (h @ self.weight.T).topk(k, dim=-1)
+        from eae_model.exact_topk import chunked_top_k
+
+        return chunked_top_k(h, self.weight, k, self.chunk_rows)

@@ -69,7 +69,9 @@ class EaEModel(nn.Module):
             self.entity_memory = self.memory_norm = None
         self.entity_pred = EntityPredHead(c.hidden_size, c.entity_dim) if c.use_entity_pred else None
         if entity_table is None and c.has_entity_table:
-            entity_table = EntityTable(c.num_entities, c.entity_dim, c.entity_trainable)
+            entity_table = EntityTable(
+                c.num_entities, c.entity_dim, c.entity_trainable, c.memory_impl, c.memory_chunk_rows
+            )
             self.entity_table = entity_table
             self.apply(self._init_module)
             self.set_entity_embeddings(entity_init)

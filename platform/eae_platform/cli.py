@@ -166,6 +166,12 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from eae_platform import bench
+
+    return getattr(bench, args.run)(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -238,6 +244,46 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=("markdown", "csv"), default="markdown")
     c.add_argument("--mlflow-uri", help="tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     c.set_defaults(func=_compare)
+    bench = commands.add_parser("bench", help="GPU benchmarks: step vs BERT, memory kernels, exact top-k, scaling")
+    actions = bench.add_subparsers(dest="action", required=True)
+    st = actions.add_parser("step", help="EaE's training step vs Hugging Face BertForMaskedLM on one device")
+    st.add_argument("--preset", default="paper")
+    st.add_argument("--batch", type=int, default=256)
+    st.add_argument("--steps", type=int, default=10)
+    st.add_argument("--impl", action="append", help="memory_impl to time, repeatable (default: triton on CUDA, "
+                    "else chunked)")
+    st.add_argument("--sharded", action="store_true", help="also EaE with the sharded table (one worker)")
+    st.add_argument("--no-bert", action="store_true", help="skip the BERT baseline")
+    st.add_argument("--compile", action="store_true", help="torch.compile BERT (whole model) and EaE's "
+                    "embeddings and transformer stacks (the memory and heads stay eager)")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an EaEConfig key")
+    st.add_argument("--json", help="also write the figures to this JSON file")
+    st.set_defaults(func=_bench, run="run_step")
+    me = actions.add_parser("memory", help="fused memory kernels vs references: error and time (CUDA)")
+    me.add_argument("--mentions", type=int, default=1126)
+    me.add_argument("--entities", type=int, default=1_000_000)
+    me.add_argument("--dim", type=int, default=256)
+    me.add_argument("--json")
+    me.set_defaults(func=_bench, run="run_memory")
+    tk = actions.add_parser("topk", help="exact top-k search: queries/s and recall (CUDA)")
+    tk.add_argument("--queries", type=int, default=65536)
+    tk.add_argument("--entities", type=int, default=1_000_000)
+    tk.add_argument("--dim", type=int, default=256)
+    tk.add_argument("-k", type=int, default=100)
+    tk.add_argument("--check", type=int, default=2048, help="queries checked against float32 brute force")
+    tk.add_argument("--json")
+    tk.set_defaults(func=_bench, run="run_topk")
+    sc = actions.add_parser("scaling", help="data-parallel steps with the sharded table over NCCL (CUDA)")
+    sc.add_argument("--preset", default="paper")
+    sc.add_argument("--batch", type=int, default=256, help="contexts per GPU")
+    sc.add_argument("--steps", type=int, default=10)
+    sc.add_argument("--gpus", default="1,2", help="GPU counts to run, comma-separated")
+    sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="EaEConfig override (default memory_impl=triton)")
+    sc.add_argument("--ray", action="store_true", help="launch the workers with Ray Train (TorchTrainer) "
+                    "instead of torch.multiprocessing")
+    sc.add_argument("--json")
+    sc.set_defaults(func=_bench, run="run_scaling")
 
     s = data.add_parser("synth", help="a deterministic synthetic world: MediaWiki XML + closed-book questions")
     s.add_argument("--out", required=True)

@@ -107,6 +107,7 @@ from torch import nn
 
 from eae_model.constants import NULL_ENTITY as UNLINKED
 from eae_model.entity_table import TableOutput
+from eae_model.fused_memory import block_backward, block_forward, compute_dtype
 
 
 
@@ -196,6 +197,7 @@ class _Plan:
     has_targets: bool
     chunk_rows: int
     grad_scale: float
+    fused: torch.dtype | None = None  # memory_impl=triton: the kernels' compute dtype, else None
 
 
 def _local_pass(H, E, k, want_sums, want_v, chunk, acc):
@@ -267,7 +269,13 @@ class _Attend(torch.autograd.Function):
         M = H.shape[0]
 
         dense_v = plan.retrieve and plan.k is None
-        m, z, v, vals, ids = _local_pass(H, E, plan.k if plan.retrieve else None, True, dense_v, plan.chunk_rows, acc)
+        if plan.fused is not None and M and (dense_v or not plan.retrieve):
+            # The fused kernels give this shard's normalised R and lse: as partials, m = lse, z = 1.
+            R_loc, m = block_forward(H.to(plan.fused), E.to(plan.fused), dense_v, "triton")
+            z, v = torch.ones_like(m), R_loc
+            vals, ids = torch.empty(M, 0, dtype=acc, device=H.device), torch.empty(M, 0, dtype=torch.long, device=H.device)
+        else:
+            m, z, v, vals, ids = _local_pass(H, E, plan.k if plan.retrieve else None, True, dense_v, plan.chunk_rows, acc)
         z_sel = z
         chosen = torch.empty(M, dtype=torch.int32, device=H.device)
         if plan.retrieve and plan.k is not None:
@@ -339,11 +347,20 @@ class _Attend(torch.autograd.Function):
         b, e, gg, m = B[:, -4], B[:, -3], B[:, -2], B[:, -1]
 
         dense_sel = plan.retrieve and plan.k is None
-        gE = torch.zeros(E.shape, dtype=acc, device=E.device)
-        gH = torch.zeros(M, d, dtype=acc, device=E.device)
+        if plan.fused is not None and M:
+            # Same dS with P = exp(S - m), dO = U (dense) and delta = b - e: the fused backward.
+            delta = (b if dense_sel else torch.zeros_like(b)) - e
+            gH, gE = block_backward(
+                H.to(plan.fused), E.to(plan.fused), U if dense_sel else None, m, delta, "triton"
+            )
+            chunks = range(0)
+        else:
+            gE = torch.zeros(E.shape, dtype=acc, device=E.device)
+            gH = torch.zeros(M, d, dtype=acc, device=E.device)
+            chunks = range(0, E.shape[0], plan.chunk_rows)
         Hc = H.to(cd)
         Uc = U.to(cd) if dense_sel else None
-        for a in range(0, E.shape[0], plan.chunk_rows):
+        for a in chunks:
             Ec = E[a : a + plan.chunk_rows]
             Q = torch.exp((Hc @ Ec.T).to(acc) - m[:, None])
             gS = Q * e[:, None]
@@ -409,6 +426,7 @@ class ShardedEntityTable(nn.Module):
         seed: int = 0,
         chunk_rows: int = 65536,
         grad_average: bool = True,
+        memory_impl: str = "chunked",
         device=None,
         dtype: torch.dtype | None = None,
     ):
@@ -421,6 +439,10 @@ class ShardedEntityTable(nn.Module):
         self.lo, self.hi = shard_bounds(num_entities, self.world_size, self.rank)
         self.max_shard_rows = shard_bounds(num_entities, self.world_size, 0)[1]
         self.chunk_rows = chunk_rows
+        if memory_impl not in ("dense", "chunked", "triton"):
+            raise ValueError(f"memory_impl must be dense, chunked or triton, got {memory_impl!r}")
+        # dense and chunked both run the PyTorch chunked pass (E is never in one piece here).
+        self.memory_impl = memory_impl
         self.grad_average = grad_average
         rows = torch.empty(self.hi - self.lo, dim, dtype=dtype or torch.float32)
         for block in range(self.lo // self.INIT_BLOCK, -(-self.hi // self.INIT_BLOCK)):
@@ -480,6 +502,7 @@ class ShardedEntityTable(nn.Module):
             has_targets=targets is not None,
             chunk_rows=self.chunk_rows,
             grad_scale=1.0 / self.world_size if self.grad_average else 1.0,
+            fused=compute_dtype(h, self.weight) if self.memory_impl == "triton" and h.is_cuda else None,
         )
         retrieved, lse, gold = _Attend.apply(h, self.weight, targets, plan)
         loss = None

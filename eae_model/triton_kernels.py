@@ -1,0 +1,289 @@
+"""Triton kernels for the entity table on GPUs: the fused full-softmax memory (forward and
+recompute backward, the interface of eae_model.fused_memory.block_forward/block_backward) and
+the passes of exact top-k search (eae_model.exact_topk.group_top_k).
+
+Shapes are the paper's: few queries (M ~ 1k mentions per step) against many rows (N = 1M),
+d = 256. So the work is split over N, flash-decoding style: a program owns BLOCK_M queries and
+one slice of the rows, keeps a running max, sum and weighted sum for its slice, and the slices
+are merged in PyTorch (a few MB). Programs that share a slice of E are launched next to each
+other (queries vary fastest) so E is read from HBM about once per pass.
+
+Imported only when memory_impl=triton (or the GPU top-k) is used: needs triton and CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)  # kernels may only read constexpr globals
+
+_SPLIT_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3)]
+]
+
+
+@triton.autotune(configs=_SPLIT_CONFIGS, key=["M", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
+@triton.jit
+def _forward_kernel(
+    H, E, ACC, MAX, SUM, M, N, ROWS, D: tl.constexpr, RETRIEVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Program (query block, slice s of ROWS rows): per query the slice's max m, sum of
+    exp(S - m) and (RETRIEVE) sum of exp(S - m) E_j, unnormalised, into [splits, M, ...]."""
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(H + offs_m[:, None] * D + offs_d[None, :], mask=offs_m[:, None] < M, other=0.0)
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    start = pid_s * ROWS
+    end = tl.minimum(start + ROWS, N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
+        s = tl.dot(q, tl.trans(e)) * _LOG2E  # base-2 scores: exp2 is the fast instruction
+        s = tl.where(offs_n[None, :] < end, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if RETRIEVE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(e.dtype), e)
+        m_i = m_new
+    out = pid_s * M + offs_m
+    tl.store(MAX + out, m_i, mask=offs_m < M)
+    tl.store(SUM + out, l_i, mask=offs_m < M)
+    if RETRIEVE:
+        tl.store(ACC + out[:, None] * D + offs_d[None, :], acc, mask=offs_m[:, None] < M)
+
+
+@triton.autotune(configs=_SPLIT_CONFIGS, key=["M", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
+@triton.jit
+def _grad_h_kernel(
+    H, E, DO, LSE, DELTA, DH, M, N, ROWS, D: tl.constexpr, RETRIEVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Program (query block, slice s): dH partial = sum over the slice of dS E, into [splits, M, D]."""
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < M
+    q = tl.load(H + offs_m[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    if RETRIEVE:
+        do = tl.load(DO + offs_m[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + offs_m, mask=row_ok, other=float("inf")) * _LOG2E
+    delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, D], tl.float32)
+    start = pid_s * ROWS
+    end = tl.minimum(start + ROWS, N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
+        p = tl.exp2(tl.dot(q, tl.trans(e)) * _LOG2E - lse[:, None])
+        if RETRIEVE:
+            ds = p * (tl.dot(do, tl.trans(e)) - delta[:, None])
+        else:
+            ds = p * (-delta[:, None])
+        dq += tl.dot(ds.to(e.dtype), e)
+    out = pid_s * M + offs_m
+    tl.store(DH + out[:, None] * D + offs_d[None, :], dq, mask=row_ok[:, None])
+
+
+_ROW_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 3)]
+]
+
+
+@triton.autotune(configs=_ROW_CONFIGS, key=["M", "D", "RETRIEVE"], reset_to_zero=[])
+@triton.jit
+def _grad_e_kernel(
+    H, E, DO, LSE, DELTA, DE, M, N, D: tl.constexpr, RETRIEVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Program (block of BLOCK_N rows of E): dE rows = sum over all queries of dS^T H + P^T dO,
+    computed transposed (rows of E x queries) so each program owns its output rows."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_n < N
+    e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    de = tl.zeros([BLOCK_N, D], tl.float32)
+    for m0 in range(0, M, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        q_ok = offs_m < M
+        q = tl.load(H + offs_m[:, None] * D + offs_d[None, :], mask=q_ok[:, None], other=0.0)
+        lse = tl.load(LSE + offs_m, mask=q_ok, other=float("inf")) * _LOG2E
+        delta = tl.load(DELTA + offs_m, mask=q_ok, other=0.0)
+        pt = tl.exp2(tl.dot(e, tl.trans(q)) * _LOG2E - lse[None, :])  # [BLOCK_N, BLOCK_M]
+        if RETRIEVE:
+            do = tl.load(DO + offs_m[:, None] * D + offs_d[None, :], mask=q_ok[:, None], other=0.0)
+            dst = pt * (tl.dot(e, tl.trans(do)) - delta[None, :])
+            de += tl.dot(pt.to(e.dtype), do)
+        else:
+            dst = pt * (-delta[None, :])
+        de += tl.dot(dst.to(e.dtype), q)
+    tl.store(DE + offs_n[:, None] * D + offs_d[None, :], de.to(DE.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _check(H: torch.Tensor, E: torch.Tensor) -> None:
+    if not (H.is_cuda and E.is_cuda):
+        raise ValueError("the Triton memory kernels need CUDA tensors")
+    d = H.shape[1]
+    if E.shape[1] != d or d & (d - 1) or d < 16:
+        raise ValueError(f"entity dim must be a power of two >= 16 for the Triton kernels, got {d}")
+
+
+def _splits(M: int, N: int, block_m: int = 64) -> tuple[int, int]:
+    """(number of slices of E, rows per slice): about 4 programs per SM in all."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    blocks = max(1, math.ceil(M / block_m))
+    splits = max(1, min(math.ceil(4 * sms / blocks), math.ceil(N / 128)))
+    rows = math.ceil(N / splits / 128) * 128  # a multiple of every BLOCK_N
+    return math.ceil(N / rows), rows
+
+
+def memory_forward(H: torch.Tensor, E: torch.Tensor, retrieve: bool):
+    """block_forward on the GPU: H [M, d], E [N, d] (bf16/fp16/fp32) -> (R [M, d] fp32 | None, lse [M] fp32)."""
+    _check(H, E)
+    M, D = H.shape
+    N = E.shape[0]
+    if M == 0:  # a batch without mentions: nothing to launch
+        return (H.new_zeros(0, D, dtype=torch.float32) if retrieve else None), H.new_zeros(0, dtype=torch.float32)
+    splits, rows = _splits(M, N)
+    mx = torch.empty(splits, M, device=H.device, dtype=torch.float32)
+    sm = torch.empty_like(mx)
+    acc = torch.empty(splits, M, D, device=H.device, dtype=torch.float32) if retrieve else mx
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
+    _forward_kernel[grid](H, E, acc, mx, sm, M, N, rows, D=D, RETRIEVE=retrieve)
+    # Merge the slices (base-2 maxima).
+    m = mx.amax(0)
+    w = torch.exp2(mx - m)
+    z = (w * sm).sum(0)
+    lse = (m + torch.log2(z)) / LOG2E
+    R = torch.einsum("sm,smd->md", w, acc) / z[:, None] if retrieve else None
+    return R, lse
+
+
+def memory_backward(H, E, dO, lse, delta, need_dh: bool = True):
+    """block_backward on the GPU -> (dH [M, d] fp32 or None, dE [N, d] fp32)."""
+    _check(H, E)
+    M, D = H.shape
+    N = E.shape[0]
+    if M == 0:
+        return (H.new_zeros(0, D, dtype=torch.float32) if need_dh else None), E.new_zeros(N, D, dtype=torch.float32)
+    retrieve = dO is not None
+    dO = dO.to(H.dtype).contiguous() if retrieve else H
+    lse, delta = lse.float().contiguous(), delta.float().contiguous()
+    dh = None
+    if need_dh:
+        splits, rows = _splits(M, N)
+        dh = torch.empty(splits, M, D, device=H.device, dtype=torch.float32)
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
+        _grad_h_kernel[grid](H, E, dO, lse, delta, dh, M, N, rows, D=D, RETRIEVE=retrieve)
+    de = torch.empty(N, D, device=H.device, dtype=torch.float32)
+    grid_e = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    _grad_e_kernel[grid_e](H, E, dO, lse, delta, de, M, N, D=D, RETRIEVE=retrieve)
+    return (dh.sum(0) if need_dh else None), de
+
+
+# ----------------------------------------------------------------------------- exact top-k
+
+
+SUPER_ROWS = 128  # rows per super-group (the first level of the top-k selection)
+
+
+_GROUP_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+    for bm, bn, bk, w, st in [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
+                              (256, 128, 64, 8, 3), (128, 128, 128, 8, 3)]
+]
+
+
+@triton.autotune(configs=_GROUP_CONFIGS, key=["D", "G", "ROWS"])
+@triton.jit
+def _group_max_kernel(H, E, GMAX, SMAX, M, N, NG, NS, ROWS, D: tl.constexpr, G: tl.constexpr, S: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (query block, slice of ROWS rows): each query's best score in every group of G
+    consecutive rows of E (GMAX [M, NG]) and in every super-group of S rows (SMAX [M, NS]),
+    float32; scores never leave the chip. One flat loop over (row tile, K chunk), which
+    Triton software-pipelines, with the epilogue on each tile's last chunk (the persistent
+    matmul pattern: measured 1.17x faster on an H100 than a loop over tiles doing the whole
+    K = d in one dot)."""
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    q_ok = offs_m < M
+    start = pid_s * ROWS
+    end = tl.minimum(start + ROWS, N)
+    KT: tl.constexpr = D // BLOCK_K
+    tiles = tl.cdiv(end - start, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for it in range(0, tiles * KT):
+        kk = it % KT
+        n0 = start + (it // KT) * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        a = tl.load(H + offs_m[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=q_ok[:, None], other=0.0)
+        b = tl.load(E + offs_n[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=offs_n[:, None] < end, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        if kk == KT - 1:
+            s = tl.where(offs_n[None, :] < end, acc, -float("inf"))
+            best = tl.max(tl.reshape(s, (BLOCK_M, BLOCK_N // G, G)), axis=2)
+            offs_g = n0 // G + tl.arange(0, BLOCK_N // G)
+            tl.store(GMAX + offs_m[:, None] * NG + offs_g[None, :], best, mask=q_ok[:, None] & (offs_g[None, :] < NG))
+            sup = tl.max(tl.reshape(best, (BLOCK_M, BLOCK_N // S, S // G)), axis=2)
+            offs_s = n0 // S + tl.arange(0, BLOCK_N // S)
+            tl.store(SMAX + offs_m[:, None] * NS + offs_s[None, :], sup, mask=q_ok[:, None] & (offs_s[None, :] < NS))
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+
+
+@triton.jit
+def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (query i, block of its candidates): OUT[i, c] = H_i . E_CAND[i, c] in float32
+    (-inf where the candidate id is past the table)."""
+    i = tl.program_id(0)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, D)
+    c_ok = offs_c < C
+    ids = tl.load(CAND + i * C + offs_c, mask=c_ok, other=0)
+    valid = c_ok & (ids < N)
+    rows = tl.load(E + ids[:, None].to(tl.int64) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+    q = tl.load(H + i * D + offs_d).to(tl.float32)
+    s = tl.sum(rows.to(tl.float32) * q[None, :], axis=1)
+    tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
+
+
+def group_maxima(H: torch.Tensor, E: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's best score per group of `group` rows, [M, ceil(N / group)], and per
+    super-group of SUPER_ROWS rows, [M, ceil(N / SUPER_ROWS)]; float32."""
+    _check(H, E)
+    if SUPER_ROWS % group or group & (group - 1):
+        raise ValueError(f"group must be a power of two dividing {SUPER_ROWS}, got {group}")
+    M, D = H.shape
+    N = E.shape[0]
+    NG, NS = triton.cdiv(N, group), triton.cdiv(N, SUPER_ROWS)
+    sms = torch.cuda.get_device_properties(H.device).multi_processor_count
+    splits = max(1, min(math.ceil(2 * sms / math.ceil(M / 128)), NS))
+    rows = math.ceil(N / splits / 256) * 256  # a multiple of every BLOCK_N and of SUPER_ROWS
+    splits = math.ceil(N / rows)
+    gmax = torch.empty(M, NG, device=H.device, dtype=torch.float32)
+    smax = torch.empty(M, NS, device=H.device, dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
+    _group_max_kernel[grid](H, E, gmax, smax, M, N, NG, NS, rows, D=D, G=group, S=SUPER_ROWS)
+    return gmax, smax
+
+
+def rescore(H: torch.Tensor, E: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """H [M, d], candidate row ids [M, C] -> float32 scores [M, C]."""
+    M, C = cand.shape
+    out = torch.empty(M, C, device=H.device, dtype=torch.float32)
+    cand = cand.to(torch.int32).contiguous()
+    _rescore_kernel[(M, triton.cdiv(C, 128))](H, E, cand, out, C, E.shape[0], D=H.shape[1], BLOCK_C=128)
+    return out

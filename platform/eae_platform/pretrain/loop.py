@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -259,3 +260,8 @@ def _save_final(model: EaEModel, config: PretrainConfig, rank: int, out: Path) -
     if rank == 0:
         save_file({n: p.detach().cpu().contiguous() for n, p in replicated.items()}, str(out / "model.safetensors"))
         (out / "config.json").write_text(config.model.to_json() + "\n")
+        # The entity vocabulary (id -> title) travels with the weights: serving names entities
+        # by it, and a registered MLflow model holds the whole directory.
+        vocab = Path(config.train.data) / "entities.parquet"
+        if vocab.is_file():
+            shutil.copyfile(vocab, out / "entities.parquet")

@@ -30,7 +30,7 @@ from eae_platform.serving.engine import EngineConfig, RequestError
 from eae_platform.serving.index import IndexConfig
 from eae_platform.serving.page import PAGE
 
-DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+LOAD_WAIT_S = 300.0  # how long a request waits for its replica's model before a 503
 
 
 @dataclass
@@ -119,6 +119,7 @@ class EaEModelServer:
         self.engine = None
         self.load_error: str | None = None
         self.started = time.time()
+        self.loaded = threading.Event()  # set when loading ended, well or not
         self._batched.set_max_batch_size(self.settings.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
         threading.Thread(target=self._load, daemon=True).start()
@@ -133,6 +134,8 @@ class EaEModelServer:
         except Exception as exc:  # reported by /readyz, and by every request
             self.load_error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
+        finally:
+            self.loaded.set()
 
     def status(self) -> dict:
         if self.engine is not None:
@@ -141,7 +144,11 @@ class EaEModelServer:
         return {"ready": False, "error": self.load_error or "the model is loading",
                 "loading_for_s": round(time.time() - self.started, 1)}
 
-    def _need_engine(self):
+    async def _need_engine(self):
+        # Serve routes to a replica once its constructor returns, before the model is loaded:
+        # requests that arrive meanwhile wait for it (a replacement replica takes seconds).
+        if not self.loaded.is_set():
+            await asyncio.to_thread(self.loaded.wait, LOAD_WAIT_S)
         if self.engine is None:
             raise RequestError(self.load_error or "the model is still loading; see /readyz", 503)
         return self.engine
@@ -154,7 +161,7 @@ class EaEModelServer:
         """{"result": ...} or {"error": message, "status": code}: errors travel as values, so
         one bad request never fails the batch it would have joined."""
         try:
-            engine = self._need_engine()
+            engine = await self._need_engine()
             if kind == "link":
                 job = engine.link_job(body["text"], body.get("spans"), body.get("top_k"))
             elif kind == "answer":
@@ -204,6 +211,8 @@ async def _json_body(request: Request, call_next):
     x-www-form-urlencoded); bytes that are not UTF-8 get a 400 that says where."""
     if request.method == "POST":
         body = await request.body()
+        if not body.strip():
+            return _error(400, "the body is empty: expected a JSON object")
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -243,7 +243,8 @@ def _displacy(result: dict) -> dict:
     return {"text": result["text"], "ents": ents, "title": None}
 
 
-@serve.deployment(name="EaEApi", max_ongoing_requests=256)
+# The ingress only parses and forwards (no CPU reserved, so model replicas get the cores).
+@serve.deployment(name="EaEApi", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
 @serve.ingress(api)
 class EaEApi:
     def __init__(self, model):

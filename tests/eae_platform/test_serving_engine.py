@@ -20,6 +20,16 @@ from tests.eae_platform.serving_fixtures import make_model_dir, title
 WORDS = "the river flows past old mills and quiet towns where people trade grain and wool".split()
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Ops this small gain nothing from two threads, and on a busy 2-core machine intra-op
+    threads make them many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("serve-model") / "model", max_length=32)

@@ -130,6 +130,9 @@ class EaEModelServer:
 
         try:
             s = self.settings
+            if s.engine.num_threads is None:
+                # torch's default is every core of the node: replicas would oversubscribe them
+                s.engine.num_threads = max(1, round(s.cpus_per_replica))
             self.engine = Engine(resolve(s.model, s.entities, s.mlflow_uri), s.engine)
         except Exception as exc:  # reported by /readyz, and by every request
             self.load_error = f"{type(exc).__name__}: {exc}"

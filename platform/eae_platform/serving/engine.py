@@ -12,9 +12,10 @@ Answering (the paper's open-domain QA setup): the question gets an answer positi
 token before [SEP], used as a mention; the question's own mentions are decoded by the BIO head
 elsewhere; the answer entities are the candidates of the answer position.
 
-New entities: the mean of EntityPred's queries h' over example mentions, rescaled to the
-table's mean row norm, appended to E and to the index (ids N, N+1, ...), optionally saved to
-an entity store that every replica (and a restart) reads back.
+New entities: the mean direction of EntityPred's queries h' over example mentions, scaled to
+0.8 x the table's mean row norm (EngineConfig.new_entity_norm), appended to E and to the
+index (ids N, N+1, ...), optionally saved to an entity store that every replica (and a
+restart) reads back.
 """
 
 from __future__ import annotations
@@ -58,15 +59,20 @@ class EngineConfig:
     max_contexts: int = 64  # example contexts per new entity
     entity_store: str | None = None  # directory of added entities (saved, and read at start)
     embed_source: str = "entity_pred"  # new entities from: entity_pred (h'), memory (h) or both
+    # A new row's norm, relative to the trained rows' mean norm. Scores are dot products and the
+    # new row points straight at its examples' queries, so at 1.0 it wins mentions of other
+    # entities too; at 0.5 it never wins. 0.8 linked best overall (benchmarks/bench_add_entities.py).
+    new_entity_norm: float = 0.8
     index: IndexConfig = field(default_factory=IndexConfig)
-    num_threads: int | None = None  # torch intra-op threads (None: torch's default)
+    num_threads: int | None = None  # torch intra-op threads (None: torch's default; Serve: the replica's CPUs)
 
     def __post_init__(self) -> None:
         if isinstance(self.index, dict):
             self.index = IndexConfig(**self.index)
         if self.embed_source not in EMBED_SOURCES:
             raise ValueError(f"embed_source must be one of {', '.join(EMBED_SOURCES)}")
-        for name in ("max_text_chars", "max_top_k", "default_top_k", "retrieve_k", "max_spans", "max_contexts"):
+        for name in ("max_text_chars", "max_top_k", "default_top_k", "retrieve_k", "max_spans", "max_contexts",
+                     "new_entity_norm"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -367,8 +373,9 @@ class Engine:
     # --- new entities --------------------------------------------------------------------
 
     def embed_entity(self, contexts: list[tuple[str, list[tuple[int, int]]]]) -> torch.Tensor:
-        """Mean query of the entity's example mentions ([d]), rescaled to the mean row norm of
-        the trained table (scores are dot products: the norm sets how often it wins)."""
+        """The direction of the entity's example mentions' queries (the mean of the unit
+        queries), [d], with norm new_entity_norm x the trained rows' mean norm (scores are dot
+        products: the norm sets how often it wins)."""
         windows = []
         for n, (text, spans) in enumerate(contexts):
             windows += [w for w in self._windows(n, text, spans) if w.spans]
@@ -388,7 +395,7 @@ class Engine:
             parts.append(out.memory.pseudo_embeddings)
         vectors = torch.cat([p / p.norm(dim=-1, keepdim=True).clamp(min=1e-12) for p in parts])
         mean = vectors.mean(0)
-        return mean / mean.norm().clamp(min=1e-12) * self.row_norm
+        return mean / mean.norm().clamp(min=1e-12) * self.row_norm * self.config.new_entity_norm
 
     def add_entities(self, entities: list[dict], save: bool | None = None) -> list[dict]:
         """entities: [{"title": str, "contexts": [str | {"text": str, "spans": [[start, length]]}]}].

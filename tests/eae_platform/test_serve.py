@@ -68,15 +68,15 @@ def server(ray_cluster, tmp_path_factory):
                 "engine": {"entity_store": str(tmp / "store"), "max_text_chars": 2000}}
     t0 = time.monotonic()
     serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
-    while time.monotonic() - t0 < 120:
+    ready_in_a_row = 0  # /readyz answers for the replica it reaches: wait until both answer 200
+    while time.monotonic() - t0 < 180 and ready_in_a_row < 8:
         try:
-            if call(url, "/readyz")[0] == 200:
-                break
+            ready_in_a_row = ready_in_a_row + 1 if call(url, "/readyz")[0] == 200 else 0
         except OSError:
-            pass
-        time.sleep(0.5)
-    else:
-        pytest.fail("the Serve app did not become ready in 120 s")
+            ready_in_a_row = 0
+        time.sleep(0.25)
+    if ready_in_a_row < 8:
+        pytest.fail("the Serve app did not become ready in 180 s")
     yield SimpleNamespace(url=url, port=port, store=tmp / "store", ray=ray_cluster, tmp=tmp)
     serve.delete(APP)
     serve.shutdown()

@@ -5,7 +5,9 @@ answer, faiss retrieval against exact search, new entities and their store, mode
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from eae_platform.serving.engine import Engine, EngineConfig, RequestError, pars
 from eae_platform.serving.index import EntityIndex, IndexConfig
 from eae_platform.serving.model_source import resolve
 from tests.eae_platform.serving_fixtures import make_model_dir, title
+
+REPO = Path(__file__).resolve().parents[2]
 
 WORDS = "the river flows past old mills and quiet towns where people trade grain and wool".split()
 
@@ -47,7 +51,7 @@ def long_text(n_words: int) -> str:
 
 def test_long_text_windows_keep_offsets_and_spans(engine):
     text = long_text(200)  # ~200 wordpieces: 7+ windows of 30
-    starts = [m.start() for m in __import__("re").finditer(r"\bmills\b", text)]
+    starts = [m.start() for m in re.finditer(r"\bmills\b", text)]
     spans = [[s, 5] for s in starts]
     assert len(spans) >= 5
     out = engine.link(text, spans, top_k=3)
@@ -178,3 +182,33 @@ def test_cli_entities_add_offline(model_dir, tmp_path, capsys):
     assert main(argv) == 2  # the same title again: a clear error, no traceback
     assert "exists already" in capsys.readouterr().err
     assert json.loads((store / "added-entities.json").read_text())["titles"] == ["Ada Quill"]
+
+
+def test_serve_settings_from_flags_and_the_deploy_config(model_dir, monkeypatch, tmp_path):
+    from eae_platform.cli import build_parser
+    from eae_platform.serving.cli import serve_settings
+
+    monkeypatch.chdir(model_dir.parent)
+    args = build_parser().parse_args(["serve", "--config", str(REPO / "serve_apps" / "eae.yaml"), "--model", "model",
+                                      "--set", "engine.index.kind=hnsw", "--set", "max_batch_size=4",
+                                      "--entity-store", "store", "--no-batching"])
+    s = serve_settings(args)
+    assert s.model == str(model_dir) and s.engine.entity_store == str(model_dir.parent / "store")
+    assert s.engine.index.kind == "hnsw" and s.max_batch_size == 4 and not s.batching and s.mlflow_uri is None
+    s = serve_settings(build_parser().parse_args(["serve", "--model", "models:/eae@pretrained"]))
+    assert s.mlflow_uri == f"sqlite:///{model_dir.parent / 'mlflow.db'}"  # resolved where the command runs
+    with pytest.raises(ValueError, match="--model is required"):
+        serve_settings(build_parser().parse_args(["serve"]))
+
+
+def test_registered_mlflow_model_is_served_with_its_titles(model_dir, tmp_path):
+    from eae_platform.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("serve-test", uri=uri, spool_dir=tmp_path)
+    model_uri = tracker.register_model(model_dir, "eae-serve-test", "pretrained")
+    assert tracker.close().ok
+    engine = Engine(resolve(model_uri, mlflow_uri=uri, cache_dir=tmp_path / "cache"))
+    assert engine.titles[11] == title(11) and engine.describe()["model"] == "models:/eae-serve-test@pretrained"
+    out = engine.link("the river flows past old mills", [[4, 5]], top_k=2)["mentions"][0]
+    assert out["text"] == "river" and out["title"] == title(out["entity_id"])

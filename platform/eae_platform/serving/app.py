@@ -256,14 +256,18 @@ class EaEApi:
     async def _call(self, kind: str, body: dict):
         # Linking and answering change nothing: a request whose replica died mid-way is sent
         # once more (the router picks a live replica); adding entities is not retried.
+        from ray.exceptions import RayActorError
+
         attempts = 1 if kind == "entities" else 2
         for attempt in range(attempts):
             try:
                 out = await self.model.handle.remote(kind, body)
                 break
-            except Exception as exc:  # a replica died mid-request, or none is running
+            except RayActorError as exc:  # the replica died mid-request, or none is running
                 if attempt == attempts - 1:
                     return _error(503, f"model replica unavailable, retry: {type(exc).__name__}")
+            except Exception as exc:  # a bug, not bad input: say what, without a traceback
+                return _error(500, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
         if "error" in out:
             return _error(out["status"], out["error"])
         return out["result"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 import urllib.error
@@ -98,7 +99,14 @@ def serve_command(args: argparse.Namespace) -> int:
         except OSError:
             pass
         time.sleep(1)
-    print("Ctrl-C stops the server.", flush=True)
+    print("Ctrl-C (or SIGTERM) stops the server.", flush=True)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # SIGINT too: a shell starts background jobs with it ignored (`eae serve ... &`).
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             time.sleep(3600)

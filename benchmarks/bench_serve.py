@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -24,7 +23,6 @@ from pathlib import Path
 import aiohttp
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 TEXTS = [
     "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London.",
     "The Danube flows through Vienna, Budapest and Belgrade before it reaches the Black Sea.",

@@ -10,7 +10,6 @@ import json
 import socket
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace

@@ -212,3 +212,18 @@ def test_registered_mlflow_model_is_served_with_its_titles(model_dir, tmp_path):
     assert engine.titles[11] == title(11) and engine.describe()["model"] == "models:/eae-serve-test@pretrained"
     out = engine.link("the river flows past old mills", [[4, 5]], top_k=2)["mentions"][0]
     assert out["text"] == "river" and out["title"] == title(out["entity_id"])
+
+
+def test_two_replicas_adding_to_one_store_never_reuse_an_id(model_dir, tmp_path):
+    config = EngineConfig(entity_store=str(tmp_path / "store"))
+    a, b = Engine(resolve(str(model_dir)), config), Engine(resolve(str(model_dir)), config)
+    assert a.add_entities([{"title": "Old Mill", "contexts": ["The Old Mill stands by the river."]}])[0]["entity_id"] == 512
+    # b has not seen a's entity yet: it takes it from the store before adding its own
+    assert b.add_entities([{"title": "New Mill", "contexts": ["The New Mill is quiet."]}])[0]["entity_id"] == 513
+    with pytest.raises(RequestError, match="exists already"):
+        b.add_entities([{"title": "Old Mill", "contexts": ["The Old Mill again."]}])
+    fresh = Engine(resolve(str(model_dir)), config)
+    assert fresh.titles[512:] == ["Old Mill", "New Mill"]
+    assert torch.equal(fresh.table.weight[512:], b.table.weight[512:])
+    a.sync_store()
+    assert a.titles[512:] == ["Old Mill", "New Mill"]

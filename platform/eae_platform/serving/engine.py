@@ -20,6 +20,7 @@ restart) reads back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -416,9 +417,10 @@ class Engine:
             title = item.get("title")
             if not isinstance(title, str) or not title.strip():
                 raise RequestError(f"entity {i}: title must be a non-empty string")
-            if title in self.title_ids or title in seen:
-                raise RequestError(f"entity {i}: {title!r} exists already (id {self.title_ids.get(title)})", 409)
+            if title in seen:
+                raise RequestError(f"entity {i}: {title!r} is given twice")
             seen.add(title)
+            self._check_new_titles([title])  # early, before the model runs (again under the lock)
             aliases = item.get("aliases") or []
             if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
                 raise RequestError(f"entity {i}: aliases must be a list of non-empty strings")
@@ -430,9 +432,18 @@ class Engine:
             parsed = [self._context(i, j, c, [title, *aliases]) for j, c in enumerate(contexts)]
             prepared.append((title, parsed))
         rows = torch.stack([self.embed_entity(parsed) for _, parsed in prepared])
-        ids = self._append(rows, [t for t, _ in prepared])
+        titles = [t for t, _ in prepared]
         if save:
-            self._save_store()
+            # Replicas share the store: under its lock, take what others added first (ids are
+            # positions in the store), then append ours and write it back.
+            with self._store_lock():
+                self.sync_store()
+                self._check_new_titles(titles)
+                ids = self._append(rows, titles)
+                self._save_store()
+        else:
+            self._check_new_titles(titles)
+            ids = self._append(rows, titles)
         return [{"entity_id": e, "title": t, "mentions": sum(len(s) for _, s in parsed)}
                 for e, (t, parsed) in zip(ids, prepared)]
 
@@ -456,6 +467,24 @@ class Engine:
                 raise RequestError(f"{where}: spans are required with a text object")
             return text, parse_spans(context["spans"], text, self.config.max_spans)
         raise RequestError(f"{where}: expected a string or {{\"text\", \"spans\"}}")
+
+    def _check_new_titles(self, titles: list[str]) -> None:
+        for title in titles:
+            if title in self.title_ids:
+                raise RequestError(f"{title!r} exists already (id {self.title_ids[title]})", 409)
+
+    @contextlib.contextmanager
+    def _store_lock(self):
+        import fcntl
+
+        store = Path(self.config.entity_store)
+        store.mkdir(parents=True, exist_ok=True)
+        with open(store / ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _append(self, rows: torch.Tensor, titles: list[str]) -> list[int]:
         ids = self.table.add_rows(rows)

@@ -31,6 +31,7 @@ PAGE = """<!doctype html>
 <script>
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const fmt = (x, digits) => (x === null || x === undefined ? "-" : x.toFixed(digits));
 const label = (x) => x.title !== null && x.title !== undefined ? x.title : "entity " + x.entity_id;
 async function post(path, body) {
   const r = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
@@ -46,8 +47,8 @@ async function link() {
     let html = "", at = 0;
     for (const m of data.mentions) {
       html += esc(text.slice(at, m.start));
-      html += '<mark class="mention" data-entity-id="' + m.entity_id + '" title="' + esc(label(m)) + ' (' + m.score.toFixed(3) + ')">'
-        + esc(m.text) + '<span class="ent">' + esc(label(m)) + '</span><span class="score">' + m.score.toFixed(2) + '</span></mark>';
+      html += '<mark class="mention" data-entity-id="' + m.entity_id + '" title="' + esc(label(m)) + ' (' + fmt(m.score, 3) + ')">'
+        + esc(m.text) + '<span class="ent">' + esc(label(m)) + '</span><span class="score">' + fmt(m.score, 2) + '</span></mark>';
       at = m.end;
     }
     out.innerHTML = html + esc(text.slice(at)) + '<br><small>' + data.mentions.length + ' mentions</small>';
@@ -60,7 +61,7 @@ async function ask() {
   try {
     const data = await post("v1/answer", {question: $("question").value, top_k: 5});
     const entities = data.question_entities.map((m) => esc(m.text) + " &rarr; " + esc(label(m))).join("; ");
-    out.innerHTML = '<ol>' + data.answers.map((a) => '<li class="answer">' + esc(label(a)) + ' <small>' + a.score.toFixed(3) + '</small></li>').join("")
+    out.innerHTML = '<ol>' + data.answers.map((a) => '<li class="answer">' + esc(label(a)) + ' <small>' + fmt(a.score, 3) + '</small></li>').join("")
       + '</ol><small>entities in the question: ' + (entities || "none") + '</small>';
     out.dataset.state = "done";
   } catch (e) { out.innerHTML = '<span class="error">' + esc(e.message) + '</span>'; out.dataset.state = "error"; }

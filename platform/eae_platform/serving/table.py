@@ -9,7 +9,6 @@ EntityPred's queries itself.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 

@@ -199,6 +199,7 @@ def test_serve_settings_from_flags_and_the_deploy_config(model_dir, monkeypatch,
     assert s.mlflow_uri == f"sqlite:///{model_dir.parent / 'mlflow.db'}"  # resolved where the command runs
     with pytest.raises(ValueError, match="--model is required"):
         serve_settings(build_parser().parse_args(["serve"]))
+    assert main(["serve", "--model", str(tmp_path / "missing")]) == 2  # refused before Ray starts
 
 
 def test_registered_mlflow_model_is_served_with_its_titles(model_dir, tmp_path):

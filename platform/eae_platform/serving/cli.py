@@ -65,6 +65,9 @@ def serve_settings(args: argparse.Namespace):
         raise ValueError("--model is required (or a --config naming one)")
     s["model"], s["entities"] = _absolute(s["model"]), _absolute(s.get("entities"))
     engine["entity_store"] = _absolute(engine.get("entity_store"))
+    if not s["model"].startswith("models:/") and "://" not in s["model"] and not Path(s["model"]).is_dir():
+        raise FileNotFoundError(f"model {s['model']}: no such directory (expected models:/name@alias, an "
+                                f"`eae pretrain --out` directory or a checkpoint)")  # before starting Ray
     if s["model"].startswith("models:/") and not s.get("mlflow_uri"):
         s["mlflow_uri"] = tracking_uri()  # resolved here: ./mlflow.db means this directory
     return ServeSettings.from_args(s)

@@ -228,3 +228,15 @@ def test_two_replicas_adding_to_one_store_never_reuse_an_id(model_dir, tmp_path)
     assert torch.equal(fresh.table.weight[512:], b.table.weight[512:])
     a.sync_store()
     assert a.titles[512:] == ["Old Mill", "New Mill"]
+
+
+def test_faiss_table_retrieves_as_the_model_s_own_table():
+    from eae_model.entity_table import entity_attention
+    from eae_platform.serving.table import FaissEntityTable
+
+    torch.manual_seed(0)
+    weight, h = torch.randn(300, 16), torch.randn(7, 16)
+    table = FaissEntityTable(weight)
+    for k in (1, 10, None):
+        expected, _ = entity_attention(h, weight, k)
+        assert torch.allclose(table.attend(h, k).retrieved, expected, atol=1e-5)

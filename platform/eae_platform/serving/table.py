@@ -47,7 +47,10 @@ class FaissEntityTable(nn.Module):
         zero = h.new_zeros((), dtype=torch.float32)
         if not retrieve:
             return TableOutput(retrieved=None, loss=zero)
-        scores, ids = self.top_k(h, self.num_entities if k is None else k)
+        if k is None or k >= self.num_entities:  # all entities: the full softmax, no search needed
+            weights = torch.softmax(h.float() @ self.weight.T, -1)
+            return TableOutput(retrieved=(weights @ self.weight).to(h.dtype), loss=zero)
+        scores, ids = self.top_k(h, k)
         found = ids >= 0
         weights = torch.softmax(scores.masked_fill(~found, float("-inf")), -1).nan_to_num(0.0)  # none found: 0
         rows = self.weight[ids.clamp(min=0)]  # [M, k, d]

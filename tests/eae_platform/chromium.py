@@ -53,7 +53,7 @@ class Browser:
         call_id = next(self._ids)
         self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
         while True:
-            message = json.loads(self.ws.recv(timeout=60))
+            message = json.loads(self.ws.recv(timeout=120))
             if message.get("id") == call_id:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
@@ -65,11 +65,11 @@ class Browser:
             raise RuntimeError(f"JavaScript error: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def goto(self, url: str, timeout: float = 30.0) -> None:
+    def goto(self, url: str, timeout: float = 90.0) -> None:
         self.send("Page.navigate", url=url)
         self.wait_for("document.readyState === 'complete' && location.href !== 'about:blank'", timeout)
 
-    def wait_for(self, condition: str, timeout: float = 30.0):
+    def wait_for(self, condition: str, timeout: float = 90.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = self.evaluate(condition)

@@ -172,6 +172,18 @@ def _bench(args: argparse.Namespace) -> int:
     return getattr(bench, args.run)(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from eae_platform.serving.cli import serve_command
+
+    return serve_command(args)
+
+
+def _entities_add(args: argparse.Namespace) -> int:
+    from eae_platform.serving.cli import entities_add_command
+
+    return entities_add_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -284,6 +296,32 @@ def build_parser() -> argparse.ArgumentParser:
                     "instead of torch.multiprocessing")
     sc.add_argument("--json")
     sc.set_defaults(func=_bench, run="run_scaling")
+    v = commands.add_parser("serve", help="serve linking and QA over HTTP with Ray Serve (local cluster unless --address)")
+    v.add_argument("--model", help="models:/<name>@<alias>, an `eae pretrain --out` directory or a checkpoint")
+    v.add_argument("--config", help="a Serve config (serve_apps/eae.yaml: its application's args) or a YAML of settings")
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. max_batch_size=32 or engine.index.kind=ivf")
+    v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--entities", help="entities.parquet (or its `eae data build` directory) for the titles")
+    v.add_argument("--entity-store", help="directory where added entities are saved and read back at start")
+    v.add_argument("--replicas", type=int, help="model replicas")
+    v.add_argument("--no-batching", action="store_true", help="one forward pass per request")
+    v.add_argument("--index", choices=["flat", "ivf", "hnsw"], help="faiss index (default flat: exact)")
+    v.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
+    v.set_defaults(func=_serve)
+
+    ents = commands.add_parser("entities", help="manage entities").add_subparsers(dest="action", required=True)
+    a = ents.add_parser("add", help="add entities from example contexts, without retraining")
+    a.add_argument("--title", help="the new entity's title")
+    a.add_argument("--context", action="append", default=[], help="an example text naming it (repeatable)")
+    a.add_argument("--alias", action="append", default=[], help="another name to look for in the contexts")
+    a.add_argument("--file", help="JSON lines of {title, contexts, aliases?} (instead of --title/--context)")
+    a.add_argument("--url", help="a running server (http://127.0.0.1:8000): add there (saved if it has a store)")
+    a.add_argument("--model", help="offline: the model (as for eae serve) ...")
+    a.add_argument("--entity-store", help="offline: ... and the store to add to (what eae serve --entity-store reads)")
+    a.add_argument("--entities", help="entities.parquet for the model's titles (offline)")
+    a.set_defaults(func=_entities_add)
 
     s = data.add_parser("synth", help="a deterministic synthetic world: MediaWiki XML + closed-book questions")
     s.add_argument("--out", required=True)

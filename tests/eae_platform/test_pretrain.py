@@ -74,6 +74,8 @@ def test_two_workers_train_with_falling_loss(uninterrupted):
                                                                                "entities-00001.safetensors"]
     model = load_model(model_dir)
     assert model.entity_table.weight.shape == (3000, config.model.entity_dim)
+    # the entity vocabulary (titles, for serving) travels with the model
+    assert (model_dir / "entities.parquet").read_bytes() == (Path(config.train.data) / "entities.parquet").read_bytes()
 
 
 def test_mlflow_records_the_run(uninterrupted):
@@ -89,6 +91,7 @@ def test_mlflow_records_the_run(uninterrupted):
     assert summary["model_uri"] == "models:/eae-test@pretrained"
     local = download_model_dir(summary["model_uri"], tmp / "downloaded", uri=config.train.mlflow_uri)
     assert torch.equal(load_model(local).entity_table.weight, load_model(summary["model"]).entity_table.weight)
+    assert (local / "entities.parquet").is_file()
 
 
 def _kill_rank_when(tmp, name, rank, step, sig=signal.SIGKILL):

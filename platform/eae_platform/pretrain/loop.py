@@ -265,8 +265,8 @@ def _save_final(model: EaEModel, config: PretrainConfig, rank: int, out: Path) -
     if rank == 0:
         save_file({n: p.detach().cpu().contiguous() for n, p in replicated.items()}, str(out / "model.safetensors"))
         (out / "config.json").write_text(config.model.to_json() + "\n")
-        # The entity vocabulary travels with the model: ids -> titles for serving, answer
-        # strings -> ids for QA fine-tuning.
+        # The entity vocabulary travels with the model (and so with a registered MLflow model):
+        # ids -> titles for serving, answer strings -> ids for QA fine-tuning.
         for name in VOCAB_FILES:
             if (Path(config.train.data) / name).is_file():
                 shutil.copyfile(Path(config.train.data) / name, out / name)

@@ -1,0 +1,206 @@
+"""Load on /v1/link over loopback: p50/p99 latency and throughput at concurrency 1, 8 and 32,
+with dynamic batching on and off, then a replica killed mid-load (failed requests counted).
+Baseline in the same run: the engine in-process (no Ray, no HTTP), one text per forward pass
+and 16 per pass. Bounded: about 2 minutes on 2 cores.
+
+    .venv/bin/python benchmarks/bench_serve.py [--preset tiny] [--set k=v ...] [--seconds 6]
+
+The model has random weights (speed does not depend on them): the preset with overrides,
+e.g. `--preset paper --set num_entities=100000` for BERT-base with a 100k-entity table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import torch
+
+TEXTS = [
+    "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London.",
+    "The Danube flows through Vienna, Budapest and Belgrade before it reaches the Black Sea.",
+    "Marie Curie was born in Warsaw and studied at the University of Paris, where she met Pierre Curie.",
+    "Akira Kurosawa directed Seven Samurai, which was released by Toho in 1954.",
+    "The novel Things Fall Apart by Chinua Achebe is set in a village in Nigeria.",
+    "Google was founded by Larry Page and Sergey Brin while they were students at Stanford University.",
+]
+
+
+def make_model(directory: Path, preset: str, overrides: list[str]) -> Path:
+    from eae_model.checkpoint import save_model
+    from eae_model.config import load_config
+    from eae_model.model import EaEModel
+
+    torch.manual_seed(0)
+    model = EaEModel(load_config(preset, overrides=overrides))
+    return save_model(model, directory)
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+async def load(url: str, concurrency: int, seconds: float, on_tick=None) -> dict:
+    """`concurrency` clients, each sending its next request when the last one is answered."""
+    latencies, failures, statuses = [], 0, {}
+    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+
+    async def client(n: int, session: aiohttp.ClientSession) -> None:
+        nonlocal failures
+        i = n
+        while time.monotonic() < deadline:
+            body = {"text": TEXTS[i % len(TEXTS)], "top_k": 3}
+            i += concurrency
+            t0 = time.perf_counter()
+            try:
+                async with session.post(url + "/v1/link", json=body) as r:
+                    await r.read()
+                    status = r.status
+            except aiohttp.ClientError as exc:
+                status = type(exc).__name__
+            if status == 200:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                failures += 1
+                statuses[str(status)] = statuses.get(str(status), 0) + 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        tasks = [asyncio.create_task(client(n, session)) for n in range(concurrency)]
+        if on_tick is not None:
+            tasks.append(asyncio.create_task(on_tick()))
+        await asyncio.gather(*tasks)
+    elapsed = time.monotonic() - started
+    ok = len(latencies)
+    return {"concurrency": concurrency, "ok": ok, "failed": failures, "failures": statuses,
+            "throughput_rps": ok / elapsed,
+            "p50_ms": 1000 * percentile(latencies, 0.5) if ok else None,
+            "p99_ms": 1000 * percentile(latencies, 0.99) if ok else None}
+
+
+def wait_ready(url: str, timeout: float = 180) -> float:
+    import urllib.request
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=5) as r:
+                if r.status == 200:
+                    # every replica: a few requests, so none is still loading when timing starts
+                    for text in TEXTS * 2:
+                        req = urllib.request.Request(url + "/v1/link", json.dumps({"text": text}).encode(),
+                                                     {"Content-Type": "application/json"})
+                        urllib.request.urlopen(req, timeout=60).read()
+                    return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready in {timeout} s")
+
+
+def in_process_baseline(model_dir: Path, seconds: float) -> dict:
+    from eae_platform.serving.engine import Engine
+    from eae_platform.serving.model_source import resolve
+
+    engine = Engine(resolve(str(model_dir)))
+    out = {}
+    for batch in (1, 16):
+        jobs = [engine.prepare(engine.link_job(TEXTS[i % len(TEXTS)], None, 3)) for i in range(batch)]
+        engine.run(jobs)  # warm-up
+        n, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < seconds / 2:
+            engine.run(jobs)
+            n += batch
+        out[f"batch_{batch}_texts_per_s"] = n / (time.monotonic() - t0)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--seconds", type=float, default=6.0, help="per load level")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--kill-seconds", type=float, default=15.0)
+    args = parser.parse_args()
+
+    import ray
+    from ray import serve
+
+    from eae_platform.serving.app import build_app
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    model_dir = make_model(tmp / "model", args.preset, args.set)
+    torch.set_num_threads(1)
+    baseline = in_process_baseline(model_dir, args.seconds)
+    torch.set_num_threads(2)
+    print(f"model: preset {args.preset} {' '.join(args.set)}; in-process engine, 1 thread: "
+          f"{baseline['batch_1_texts_per_s']:.1f} texts/s one per pass, {baseline['batch_16_texts_per_s']:.1f} "
+          f"texts/s 16 per pass", flush=True)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    rows = []
+    try:
+        for batching in (True, False):
+            settings = {"model": str(model_dir), "batching": batching, "max_batch_size": 16,
+                        "batch_wait_timeout_s": 0.005, "cpus_per_replica": 1.0,
+                        "engine": {"num_threads": 1}}
+            serve.delete("bench")  # a fresh app per phase: no rolling update competing for the 2 cores
+            serve.run(build_app(settings), name="bench", route_prefix="/", blocking=False)
+            ready = wait_ready(url)
+            print(f"\nbatching {'on' if batching else 'off'} (1 replica, 1 CPU, max_batch_size 16): ready in {ready:.1f} s", flush=True)
+            print(f"{'concurrency':>11} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ok':>6} {'failed':>6}")
+            for c in args.concurrency:
+                r = asyncio.run(load(url, c, args.seconds))
+                rows.append({"batching": batching, **r})
+                print(f"{c:>11} {r['throughput_rps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['ok']:>6} {r['failed']:>6}", flush=True)
+
+        # A replica killed mid-load: 2 replicas, concurrency 8, one killed after a third of the time.
+        settings = {"model": str(model_dir), "num_replicas": 2, "cpus_per_replica": 0.5, "engine": {"num_threads": 1}}
+        serve.delete("bench")
+        serve.run(build_app(settings), name="bench", route_prefix="/", blocking=False)
+        wait_ready(url)
+        killed = {}
+
+        async def kill_one() -> None:
+            await asyncio.sleep(args.kill_seconds / 3)
+            names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                           if a["name"].startswith("SERVE_REPLICA::bench#EaEModelServer"))
+            ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+            killed.update(name=names[0], at=time.monotonic())
+            while True:  # until a replacement is running
+                await asyncio.sleep(0.5)
+                now = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a["name"].startswith("SERVE_REPLICA::bench#EaEModelServer")]
+                if len(now) == 2 and names[0] not in now:
+                    killed["replaced_after_s"] = time.monotonic() - killed["at"]
+                    return
+
+        r = asyncio.run(load(url, 8, args.kill_seconds, on_tick=kill_one))
+        print(f"\nreplica killed mid-load (2 replicas, concurrency 8, {args.kill_seconds:.0f} s): {r['ok']} ok, "
+              f"{r['failed']} failed {r['failures'] or ''}, {r['throughput_rps']:.1f} req/s, p50 {r['p50_ms']:.1f} ms, "
+              f"p99 {r['p99_ms']:.1f} ms; replacement replica up {killed.get('replaced_after_s', float('nan')):.1f} s after the kill")
+        rows.append({"kill": True, **r, "replaced_after_s": killed.get("replaced_after_s")})
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    print("\n" + json.dumps({"baseline": baseline, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""The Ray Serve application: a FastAPI ingress (`EaEApi`) in front of a model deployment
+(`EaEModelServer`, one Engine per replica) whose requests are batched dynamically
+(@serve.batch: up to max_batch_size requests, or what arrived within batch_wait_timeout_s,
+share one forward pass).
+
+    serve deploy serve_apps/eae.yaml        # any cluster where eae-platform is installed
+    eae serve --model models:/eae@pretrained [--port 8000]     # a local cluster
+
+Endpoints: POST /v1/link (?format=displacy), POST /rel (REL's API), POST /v1/answer,
+POST /v1/entities, GET /healthz, GET /readyz, GET / (the web page), GET /docs (OpenAPI).
+Bad input is a 4xx JSON {"error": message}; the replica serves on.
+"""
+
+
+import asyncio
+import dataclasses
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from ray import serve
+
+from eae_platform.serving.engine import EngineConfig, RequestError
+from eae_platform.serving.index import IndexConfig
+from eae_platform.serving.page import PAGE
+
+LOAD_WAIT_S = 300.0  # how long a request waits for its replica's model before a 503
+
+
+@dataclass
+class ServeSettings:
+    """Everything the application needs; the `args:` of a Serve config (nested `engine:` and
+    `engine.index:` sections) or `eae serve`'s options."""
+
+    model: str  # models:/name@alias, an `eae pretrain --out` directory or a checkpoint
+    entities: str | None = None  # entities.parquet (or its data directory) for the titles
+    mlflow_uri: str | None = None  # for models:/ URIs; default MLFLOW_TRACKING_URI, else ./mlflow.db
+    num_replicas: int = 1
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0
+    batching: bool = True
+    max_batch_size: int = 16
+    batch_wait_timeout_s: float = 0.005
+    max_ongoing_requests: int = 64  # per model replica: >= max_batch_size, or batches never fill
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.engine, dict):
+            engine = dict(self.engine)
+            if isinstance(engine.get("index"), dict):
+                engine["index"] = IndexConfig(**engine["index"])
+            self.engine = EngineConfig(**engine)
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model is required: models:/name@alias, a model directory or a checkpoint")
+        if self.num_replicas < 1 or self.max_batch_size < 1 or self.batch_wait_timeout_s < 0:
+            raise ValueError("num_replicas and max_batch_size must be >= 1, batch_wait_timeout_s >= 0")
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> "ServeSettings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ValueError(f"unknown serve settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return cls(**args)
+
+
+# --- request bodies (strict: a number where a string belongs is refused, not converted) -------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LinkBody(_Body):
+    text: StrictStr = Field(description="the text to link")
+    spans: list[list[StrictInt]] | None = Field(
+        None, description="[[start, length], ...] in characters: only these spans are disambiguated")
+    top_k: StrictInt | None = Field(None, description="candidates per mention (default 5)")
+
+
+class RelBody(_Body):
+    text: StrictStr
+    spans: list[list[StrictInt]] = Field(default_factory=list, description="REL: empty = end-to-end")
+
+
+class AnswerBody(_Body):
+    question: StrictStr
+    top_k: StrictInt | None = None
+
+
+class NewEntity(_Body):
+    title: StrictStr
+    aliases: list[StrictStr] = Field(default_factory=list, description="other names to find in string contexts")
+    contexts: list[StrictStr | dict[str, Any]] = Field(
+        description='example texts naming the entity: strings, or {"text": ..., "spans": [[start, length]]}')
+
+
+class EntitiesBody(_Body):
+    entities: list[NewEntity]
+    save: StrictBool | None = Field(None, description="write to the entity store (default: when configured)")
+
+
+# --- the model deployment ---------------------------------------------------------------------
+
+
+@serve.deployment(name="EaEModelServer")
+class EaEModelServer:
+    """One Engine per replica, loaded in a background thread so that the replica (and /healthz)
+    is up at once and /readyz tells when the model is there."""
+
+    def __init__(self, settings: dict[str, Any]):
+        self.settings = ServeSettings.from_args(settings)
+        self.engine = None
+        self.load_error: str | None = None
+        self.started = time.time()
+        self.loaded = threading.Event()  # set when loading ended, well or not
+        self._batched.set_max_batch_size(self.settings.max_batch_size)
+        self._batched.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
+        threading.Thread(target=self._load, daemon=True).start()
+
+    def _load(self) -> None:
+        from eae_platform.serving.engine import Engine
+        from eae_platform.serving.model_source import resolve
+
+        try:
+            s = self.settings
+            if s.engine.num_threads is None:
+                # torch's default is every core of the node: replicas would oversubscribe them
+                s.engine.num_threads = max(1, round(s.cpus_per_replica))
+            self.engine = Engine(resolve(s.model, s.entities, s.mlflow_uri), s.engine)
+        except Exception as exc:  # reported by /readyz, and by every request
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        finally:
+            self.loaded.set()
+
+    def status(self) -> dict:
+        if self.engine is not None:
+            return {"ready": True, "model": self.engine.describe(), "batching": self.settings.batching,
+                    "max_batch_size": self.settings.max_batch_size}
+        return {"ready": False, "error": self.load_error or "the model is loading",
+                "loading_for_s": round(time.time() - self.started, 1)}
+
+    async def _need_engine(self):
+        # Serve routes to a replica once its constructor returns, before the model is loaded:
+        # requests that arrive meanwhile wait for it (a replacement replica takes seconds).
+        if not self.loaded.is_set():
+            await asyncio.to_thread(self.loaded.wait, LOAD_WAIT_S)
+        if self.engine is None:
+            raise RequestError(self.load_error or "the model is still loading; see /readyz", 503)
+        return self.engine
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def _batched(self, prepared: list) -> list[dict]:
+        return self.engine.run(prepared)
+
+    async def handle(self, kind: str, body: dict) -> dict:
+        """{"result": ...} or {"error": message, "status": code}: errors travel as values, so
+        one bad request never fails the batch it would have joined."""
+        try:
+            engine = await self._need_engine()
+            if kind == "link":
+                job = engine.link_job(body["text"], body.get("spans"), body.get("top_k"))
+            elif kind == "answer":
+                job = engine.answer_job(body["question"], body.get("top_k"))
+            elif kind == "entities":
+                return {"result": {"added": engine.add_entities(body["entities"], body.get("save")),
+                                   "entities": engine.table.num_entities}}
+            else:
+                raise RequestError(f"unknown request kind {kind!r}")
+            prepared = engine.prepare(job)
+            if self.settings.batching:
+                return {"result": await self._batched(prepared)}
+            return {"result": engine.run([prepared])[0]}
+        except RequestError as exc:
+            return {"error": str(exc), "status": exc.status}
+
+
+# --- the ingress ------------------------------------------------------------------------------
+
+api = FastAPI(
+    title="Entities as Experts",
+    description="Entity linking, question answering and new entities without retraining (EaE, Févry et al. 2020).",
+    version="1",
+)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """Pydantic's errors as one readable line: where and what, e.g. `body.text: Input should be
+    a valid string`; an undecodable body (invalid JSON or UTF-8) is a 400."""
+    problems = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        if e.get("type") == "json_invalid":
+            return _error(400, f"the body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))})")
+        problems.append(f"{where}: {e.get('msg')}")
+    return _error(422, "invalid request: " + "; ".join(problems))
+
+
+@api.middleware("http")
+async def _json_body(request: Request, call_next):
+    """POST bodies are JSON in UTF-8 whatever Content-Type says (curl -d sends
+    x-www-form-urlencoded); bytes that are not UTF-8 get a 400 that says where."""
+    if request.method == "POST":
+        body = await request.body()
+        if not body.strip():
+            return _error(400, "the body is empty: expected a JSON object")
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return _error(400, f"the body is not valid UTF-8: byte {body[exc.start:exc.start + 1]!r} at offset {exc.start}")
+        headers = [(k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"]
+        request.scope["headers"] = [*headers, (b"content-type", b"application/json")]
+    return await call_next(request)
+
+
+def _rel_rows(result: dict) -> list[list]:
+    """REL's answer: [start, length, mention, title, ed_conf, md_conf, tag] per mention, titles
+    with underscores as REL writes them. EaE has no entity types: the tag is always MISC."""
+    rows = []
+    for m in result["mentions"]:
+        title = m["title"].replace(" ", "_") if m["title"] else None
+        rows.append([m["start"], m["end"] - m["start"], m["text"], title, m["score"], m["md_conf"], "MISC"])
+    return rows
+
+
+def _displacy(result: dict) -> dict:
+    """spaCy/displaCy's manual format; the label shown is the title, kb_id the entity id."""
+    ents = []
+    for m in result["mentions"]:
+        title = m["title"]
+        ents.append({"start": m["start"], "end": m["end"], "label": title or f"entity {m['entity_id']}",
+                     "kb_id": str(m["entity_id"]), "score": m["score"],
+                     "kb_url": f"https://en.wikipedia.org/wiki/{title.replace(' ', '_')}" if title else None})
+    return {"text": result["text"], "ents": ents, "title": None}
+
+
+# The ingress only parses and forwards (no CPU reserved, so model replicas get the cores).
+@serve.deployment(name="EaEApi", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+@serve.ingress(api)
+class EaEApi:
+    def __init__(self, model):
+        self.model = model  # DeploymentHandle of EaEModelServer
+
+    async def _call(self, kind: str, body: dict):
+        # Linking and answering change nothing: a request whose replica died mid-way is sent
+        # once more (the router picks a live replica); adding entities is not retried.
+        from ray.exceptions import RayActorError
+
+        attempts = 1 if kind == "entities" else 2
+        for attempt in range(attempts):
+            try:
+                out = await self.model.handle.remote(kind, body)
+                break
+            except RayActorError as exc:  # the replica died mid-request, or none is running
+                if attempt == attempts - 1:
+                    return _error(503, f"model replica unavailable, retry: {type(exc).__name__}")
+            except Exception as exc:  # a bug, not bad input: say what, without a traceback
+                return _error(500, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        if "error" in out:
+            return _error(out["status"], out["error"])
+        return out["result"]
+
+    @api.get("/healthz", summary="the HTTP server is up")
+    async def healthz(self) -> dict:
+        return {"status": "ok"}
+
+    @api.get("/readyz", summary="200 once a model replica has its model loaded, else 503")
+    async def readyz(self):
+        try:
+            status = await asyncio.wait_for(self.model.status.remote(), timeout=10)
+        except Exception as exc:
+            return JSONResponse({"ready": False, "error": f"no model replica answers ({type(exc).__name__})"}, 503)
+        return status if status["ready"] else JSONResponse(status, 503)
+
+    @api.post("/v1/link", summary="link the entities of a text (all mentions, or the given spans)")
+    async def link(self, body: LinkBody, format: Literal["json", "displacy"] = Query("json")):
+        out = await self._call("link", body.model_dump())
+        if format == "displacy" and isinstance(out, dict):
+            return _displacy(out)
+        return out
+
+    @api.post("/rel", summary="REL's API: {text, spans: [[start, length]]} -> [[start, length, mention, title, ed_conf, md_conf, tag]]")
+    async def rel(self, body: RelBody):
+        out = await self._call("link", {"text": body.text, "spans": body.spans or None, "top_k": 1})
+        return _rel_rows(out) if isinstance(out, dict) else out
+
+    @api.post("/v1/answer", summary="answer a question with ranked entities")
+    async def answer(self, body: AnswerBody):
+        return await self._call("answer", body.model_dump())
+
+    @api.post("/v1/entities", summary="add entities from example contexts, without retraining")
+    async def add_entities(self, body: EntitiesBody):
+        return await self._call("entities", body.model_dump())
+
+    @api.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page(self) -> str:
+        return PAGE
+
+
+def build_app(args: dict[str, Any]):
+    """Application builder (`import_path: eae_platform.serving.app:build_app` with `args:`)."""
+    s = ServeSettings.from_args(args)
+    if s.num_replicas > 1 and not s.engine.entity_store:
+        print("[eae serve] note: with several replicas, entities added without an entity store reach one replica only")
+    model = EaEModelServer.options(
+        num_replicas=s.num_replicas,
+        max_ongoing_requests=max(s.max_ongoing_requests, s.max_batch_size),
+        ray_actor_options={"num_cpus": s.cpus_per_replica, "num_gpus": s.gpus_per_replica},
+    ).bind(dataclasses.asdict(s))
+    return EaEApi.bind(model)

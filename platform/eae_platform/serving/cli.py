@@ -1,0 +1,164 @@
+"""`eae serve` and `eae entities add` (argument parsing lives in eae_platform.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eae_model.config import parse_override
+
+
+def load_settings(config: str | None, overrides: list[str]) -> dict[str, Any]:
+    """Settings as a dict: a YAML file (a Serve config, whose first application's `args` are
+    taken, or the settings themselves), then `key=value` overrides (dotted keys for nested
+    sections: engine.index.kind=ivf)."""
+    settings: dict[str, Any] = {}
+    if config:
+        data = yaml.safe_load(Path(config).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{config}: expected a mapping at the top level")
+        apps = data.get("applications")
+        settings = dict(apps[0].get("args") or {}) if apps else data
+    for text in overrides:
+        key, value = parse_override(text)
+        node = settings
+        *parents, leaf = key.split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {key!r}: {name} is not a section")
+        node[leaf] = value
+    return settings
+
+
+def _absolute(path: str | None) -> str | None:
+    """Local paths made absolute: replicas run in other working directories."""
+    if path is None or path.startswith("models:/") or "://" in path:
+        return path
+    return str(Path(path).expanduser().resolve())
+
+
+def serve_settings(args: argparse.Namespace):
+    from eae_platform.serving.app import ServeSettings
+    from eae_platform.tracking import tracking_uri
+
+    s = load_settings(args.config, args.set)
+    flags = {"model": args.model, "entities": args.entities, "num_replicas": args.replicas}
+    s.update({k: v for k, v in flags.items() if v is not None})
+    if args.no_batching:
+        s["batching"] = False
+    engine = s.setdefault("engine", {})
+    if args.entity_store:
+        engine["entity_store"] = args.entity_store
+    if args.index:
+        engine.setdefault("index", {})["kind"] = args.index
+    if not s.get("model"):
+        raise ValueError("--model is required (or a --config naming one)")
+    s["model"], s["entities"] = _absolute(s["model"]), _absolute(s.get("entities"))
+    engine["entity_store"] = _absolute(engine.get("entity_store"))
+    if not s["model"].startswith("models:/") and "://" not in s["model"] and not Path(s["model"]).is_dir():
+        raise FileNotFoundError(f"model {s['model']}: no such directory (expected models:/name@alias, an "
+                                f"`eae pretrain --out` directory or a checkpoint)")  # before starting Ray
+    if s["model"].startswith("models:/") and not s.get("mlflow_uri"):
+        s["mlflow_uri"] = tracking_uri()  # resolved here: ./mlflow.db means this directory
+    return ServeSettings.from_args(s)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ray import serve
+
+    from eae_platform.ray_session import connect
+    from eae_platform.serving.app import build_app
+
+    settings = serve_settings(args)
+    connect(args.address)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(build_app(dataclasses.asdict(settings)), name="eae", route_prefix="/", blocking=False)
+    url = f"http://{args.host}:{args.port}"
+    print(f"serving {settings.model} at {url}/  (API docs {url}/docs); waiting for the model ...", flush=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as r:
+                print(f"ready: {json.loads(r.read())['model']}", flush=True)
+                break
+        except urllib.error.HTTPError as exc:
+            status = json.loads(exc.read() or b"{}")
+            if status.get("error") and "loading" not in status["error"]:
+                print(f"eae: error: the model did not load: {status['error']}", file=sys.stderr)
+                serve.shutdown()
+                return 1
+        except OSError:
+            pass
+        time.sleep(1)
+    print("Ctrl-C (or SIGTERM) stops the server.", flush=True)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # SIGINT too: a shell starts background jobs with it ignored (`eae serve ... &`).
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("shutting down", flush=True)
+        serve.shutdown()
+    return 0
+
+
+def _new_entities(args: argparse.Namespace) -> list[dict]:
+    if args.file:
+        lines = Path(args.file).read_text().splitlines()
+        entities = []
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    entities.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{args.file}:{n}: not JSON ({exc.msg})") from None
+        return entities
+    if not args.title or not args.context:
+        raise ValueError("give --title and at least one --context, or --file")
+    return [{"title": args.title, "contexts": args.context, "aliases": args.alias}]
+
+
+def entities_add_command(args: argparse.Namespace) -> int:
+    entities = _new_entities(args)
+    if args.url:
+        request = urllib.request.Request(f"{args.url.rstrip('/')}/v1/entities", method="POST",
+                                         data=json.dumps({"entities": entities}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=300) as r:
+                added = json.loads(r.read())["added"]
+        except urllib.error.HTTPError as exc:
+            raise ValueError(f"{args.url} refused: {json.loads(exc.read()).get('error')}") from None
+    else:
+        from eae_platform.serving.engine import Engine, EngineConfig, RequestError
+        from eae_platform.serving.model_source import resolve
+
+        if not args.model or not args.entity_store:
+            raise ValueError("offline, give --model and --entity-store (or --url of a running server)")
+        engine = Engine(resolve(args.model, args.entities), EngineConfig(entity_store=args.entity_store))
+        try:
+            added = engine.add_entities(entities, save=True)
+        except RequestError as exc:
+            raise ValueError(str(exc)) from None
+    for item in added:
+        print(f"added {item['title']!r} as entity {item['entity_id']} from {item['mentions']} mentions")
+    if not args.url:
+        print(f"saved to {args.entity_store}: `eae serve --model {args.model} --entity-store {args.entity_store}` serves them")
+    return 0

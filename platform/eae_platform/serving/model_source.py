@@ -1,0 +1,91 @@
+"""Where a served model comes from: `--model MODEL` is one of
+
+  models:/<name>@<alias> (or models:/<name>/<version>)   a registered MLflow model, downloaded
+                                                         from `mlflow_uri` (default: tracking_uri())
+  DIR with model.safetensors + config.json                `eae pretrain --out DIR`, save_model
+  DIR with model.safetensors + state.json                 a Ray Train checkpoint of `eae pretrain`
+
+and its entity titles (id -> Wikipedia title) from, in order: `entities` (an entities.parquet
+or the `eae data build` directory holding one), DIR/entities.parquet (what `eae pretrain --out`
+copies from its data), the checkpoint's train.data/entities.parquet. Without any, titles are
+null and say so in /readyz.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ENTITIES_FILE = "entities.parquet"
+
+
+@dataclass
+class ModelFiles:
+    model_dir: Path  # a directory eae_model.checkpoint.load_model reads
+    titles_file: Path | None  # an entities.parquet (entity_id, title), or None
+    source: str  # what was asked for
+
+
+def resolve(model: str, entities: str | None = None, mlflow_uri: str | None = None,
+            cache_dir: str | Path | None = None) -> ModelFiles:
+    """MODEL -> local files. Raises ValueError / FileNotFoundError with a clear message."""
+    if model.startswith("models:/"):
+        from eae_platform.tracking import download_model_dir
+
+        dst = Path(cache_dir) if cache_dir else Path(tempfile.mkdtemp(prefix="eae-serve-"))
+        model_dir = download_model_dir(model, dst, uri=mlflow_uri)
+        checkpoint_data = None
+    else:
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"model {model!r}: no such directory (expected models:/name@alias, "
+                                    f"an `eae pretrain --out` directory or a checkpoint)")
+        model_dir, checkpoint_data = _local_model_dir(path)
+    return ModelFiles(model_dir, _titles_file(entities, model_dir, checkpoint_data), model)
+
+
+def _local_model_dir(path: Path) -> tuple[Path, str | None]:
+    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
+        return path, None
+    state = path / "state.json"
+    if (path / "model.safetensors").is_file() and state.is_file():
+        # A Ray Train checkpoint: the model config lives in state.json. Link its weights next
+        # to a config.json in a fresh directory (the checkpoint itself stays untouched).
+        config = json.loads(state.read_text())["config"]
+        out = Path(tempfile.mkdtemp(prefix="eae-checkpoint-"))
+        (out / "config.json").write_text(json.dumps(config["model"]))
+        for f in [path / "model.safetensors", *sorted(path.glob("entities-*.safetensors"))]:
+            os.symlink(f.resolve(), out / f.name)
+        return out, config.get("train", {}).get("data")
+    raise FileNotFoundError(f"{path}: neither a model directory (model.safetensors + config.json) "
+                            f"nor a pretraining checkpoint (model.safetensors + state.json)")
+
+
+def _titles_file(entities: str | None, model_dir: Path, checkpoint_data: str | None) -> Path | None:
+    if entities:
+        p = Path(entities).expanduser()
+        p = p / ENTITIES_FILE if p.is_dir() else p
+        if not p.is_file():
+            raise FileNotFoundError(f"entities {entities!r}: no {ENTITIES_FILE} there")
+        return p
+    for candidate in (model_dir / ENTITIES_FILE, Path(checkpoint_data) / ENTITIES_FILE if checkpoint_data else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def read_titles(path: Path | None, num_entities: int) -> list[str | None]:
+    """Title per entity id 0..num_entities-1 (None where the vocabulary has no such id)."""
+    titles: list[str | None] = [None] * num_entities
+    if path is None:
+        return titles
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["entity_id", "title"])
+    for i, title in zip(table.column("entity_id").to_pylist(), table.column("title").to_pylist()):
+        if 0 <= i < num_entities:
+            titles[i] = title
+    return titles

@@ -1,0 +1,58 @@
+"""The entity table at inference: E in memory plus a faiss index over it, with the interface
+of eae_model.entity_table.EntityTable, so EaEModel's memory retrieves its top-k through faiss.
+
+Rows can be appended (new entities, `add_rows`): E and the index grow together, and the new
+ids are N, N+1, ... No loss is computed (nothing here trains); EntityPred's call
+(retrieve=False) returns no dense [M, N] logits either: the engine searches the index with
+EntityPred's queries itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eae_model.entity_table import TableOutput
+from eae_platform.serving.index import EntityIndex, IndexConfig
+
+
+class FaissEntityTable(nn.Module):
+    def __init__(self, weight: torch.Tensor, index_config: IndexConfig | None = None):
+        super().__init__()
+        self.weight = weight.detach().float().contiguous()  # E, [N, d]; a buffer that can grow
+        self.index = EntityIndex(self.weight.numpy(), index_config)
+
+    @property
+    def num_entities(self) -> int:
+        return self.weight.shape[0]
+
+    def add_rows(self, rows: torch.Tensor) -> list[int]:
+        """Append rows [n, d]; returns their ids."""
+        rows = rows.detach().float().reshape(-1, self.weight.shape[1])
+        first = self.num_entities
+        self.weight = torch.cat([self.weight, rows])
+        self.index.add(rows.numpy())
+        return list(range(first, self.num_entities))
+
+    @torch.no_grad()
+    def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores [M, k], ids [M, k]) by faiss; ids -1 where an approximate index found fewer."""
+        scores, ids = self.index.search(h.detach().float().numpy(), k)
+        return torch.from_numpy(scores), torch.from_numpy(ids)
+
+    @torch.no_grad()
+    def attend(self, h: torch.Tensor, k: int | None, targets: torch.Tensor | None = None,
+               retrieve: bool = True) -> TableOutput:
+        """h [M, d] -> E_m [M, d]: softmax over the top-k scores (k None = all rows)."""
+        zero = h.new_zeros((), dtype=torch.float32)
+        if not retrieve:
+            return TableOutput(retrieved=None, loss=zero)
+        if k is None or k >= self.num_entities:  # all entities: the full softmax, no search needed
+            weights = torch.softmax(h.float() @ self.weight.T, -1)
+            return TableOutput(retrieved=(weights @ self.weight).to(h.dtype), loss=zero)
+        scores, ids = self.top_k(h, k)
+        found = ids >= 0
+        weights = torch.softmax(scores.masked_fill(~found, float("-inf")), -1).nan_to_num(0.0)  # none found: 0
+        rows = self.weight[ids.clamp(min=0)]  # [M, k, d]
+        retrieved = torch.einsum("mk,mkd->md", weights, rows) if len(h) else h.new_zeros(0, self.weight.shape[1])
+        return TableOutput(retrieved=retrieved.to(h.dtype), loss=zero)

@@ -1,0 +1,29 @@
+"""A small saved EaE model with an entity vocabulary, for the serving tests (random weights:
+these tests check the API's behaviour, not linking quality)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from eae_model.checkpoint import save_model
+from eae_model.config import load_config
+from eae_model.model import EaEModel
+
+
+def title(i: int) -> str:
+    return f"Entity number {i}"
+
+
+def make_model_dir(directory: Path, max_length: int = 64, seed: int = 0) -> Path:
+    """The tiny preset (512 x 32 entities) with `max_length`, saved with entities.parquet."""
+    torch.manual_seed(seed)
+    model = EaEModel(load_config("tiny", overrides=[f"max_length={max_length}"]))
+    save_model(model, directory)
+    n = model.config.num_entities
+    pq.write_table(pa.table({"entity_id": pa.array(range(n), pa.int32()), "title": [title(i) for i in range(n)],
+                             "count": pa.array([1] * n, pa.int64())}), directory / "entities.parquet")
+    return directory

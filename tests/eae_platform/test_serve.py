@@ -1,0 +1,277 @@
+"""The Serve application on a real local Ray cluster, over real HTTP on 127.0.0.1: every
+endpoint, bad input (each bad request followed by a good one), new entities reaching both
+replicas and a replacement replica, a killed replica, and the web page in headless Chromium.
+One application for the whole module (Serve start-up is the slow part)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from tests.eae_platform.chromium import Browser
+from tests.eae_platform.serving_fixtures import make_model_dir, title
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = "Ada Lovelace met Charles Babbage in London in 1833, and they wrote about the Analytical Engine."
+APP = "eae-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(url: str, path: str, body=None, raw: bytes | None = None, method: str | None = None) -> tuple[int, object]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(url + path, data=data, method=method or ("POST" if data is not None else "GET"),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            payload = r.read()
+            status = r.status
+    except urllib.error.HTTPError as exc:
+        payload, status = exc.read(), exc.code
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode()
+
+
+def _model_replicas(ray) -> list[str]:
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith(f"SERVE_REPLICA::{APP}#EaEModelServer"))
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster, tmp_path_factory):
+    from ray import serve
+
+    from eae_platform.serving.app import build_app
+
+    tmp = tmp_path_factory.mktemp("serve")
+    model_dir = make_model_dir(tmp / "model")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    settings = {"model": str(model_dir), "num_replicas": 2, "cpus_per_replica": 0.5, "max_batch_size": 8,
+                "engine": {"entity_store": str(tmp / "store"), "max_text_chars": 2000}}
+    t0 = time.monotonic()
+    serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
+    ready_in_a_row = 0  # /readyz answers for the replica it reaches: wait until both answer 200
+    while time.monotonic() - t0 < 180 and ready_in_a_row < 8:
+        try:
+            ready_in_a_row = ready_in_a_row + 1 if call(url, "/readyz")[0] == 200 else 0
+        except OSError:
+            ready_in_a_row = 0
+        time.sleep(0.25)
+    if ready_in_a_row < 8:
+        pytest.fail("the Serve app did not become ready in 180 s")
+    yield SimpleNamespace(url=url, port=port, store=tmp / "store", ray=ray_cluster, tmp=tmp)
+    serve.delete(APP)
+    serve.shutdown()
+
+
+def good_request_works(url: str) -> None:
+    status, out = call(url, "/v1/link", {"text": TEXT, "spans": [[0, 12]], "top_k": 2})
+    assert status == 200 and out["mentions"][0]["text"] == "Ada Lovelace", out
+
+
+def test_health_ready_docs_and_binding(server):
+    assert call(server.url, "/healthz") == (200, {"status": "ok"})
+    status, ready = call(server.url, "/readyz")
+    assert status == 200 and ready["ready"] and ready["model"]["entities"] >= 512
+    assert ready["model"]["index"] == {"kind": "flat", "device": "cpu", "entities": ready["model"]["entities"], "dim": 32}
+    status, spec = call(server.url, "/openapi.json")
+    assert status == 200 and {"/v1/link", "/rel", "/v1/answer", "/v1/entities"} <= set(spec["paths"])
+    assert call(server.url, "/docs")[0] == 200
+    # bound to loopback only: the HTTP proxy listens on 127.0.0.1, not on the other addresses
+    others = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
+    for address in others:
+        with socket.socket() as s:
+            s.settimeout(2)
+            assert s.connect_ex((address, server.port)) != 0, f"listening on {address}"
+
+
+def test_link_end_to_end_and_with_spans(server):
+    status, out = call(server.url, "/v1/link", {"text": TEXT, "top_k": 3})
+    assert status == 200 and out["text"] == TEXT and out["mentions"]
+    for m in out["mentions"]:
+        assert TEXT[m["start"]:m["end"]] == m["text"] and m["title"] == title(m["entity_id"])
+        assert len(m["candidates"]) == 3 and m["candidates"][0]["entity_id"] == m["entity_id"]
+    spans = [[0, 12], [17, 15], [36, 6]]
+    status, out = call(server.url, "/v1/link", {"text": TEXT, "spans": spans})
+    assert status == 200
+    assert [(m["start"], m["end"] - m["start"], m["text"]) for m in out["mentions"]] == [
+        (0, 12, "Ada Lovelace"), (17, 15, "Charles Babbage"), (36, 6, "London")]
+    assert all(len(m["candidates"]) == 5 for m in out["mentions"])  # the default top_k
+
+
+def test_rel_and_displacy_formats(server):
+    spans = [[0, 12], [36, 6]]
+    _, ours = call(server.url, "/v1/link", {"text": TEXT, "spans": spans})
+    status, rel = call(server.url, "/rel", {"text": TEXT, "spans": spans})
+    assert status == 200 and len(rel) == 2
+    for row, m in zip(rel, ours["mentions"]):
+        start, length, mention, wiki_title, ed_conf, md_conf, tag = row
+        assert (start, length, mention) == (m["start"], m["end"] - m["start"], m["text"])
+        assert wiki_title == m["title"].replace(" ", "_") and ed_conf == pytest.approx(m["score"])
+        assert 0 < md_conf <= 1 and tag == "MISC"
+    status, rel = call(server.url, "/rel", {"text": TEXT, "spans": []})  # REL's end-to-end mode
+    assert status == 200 and all(TEXT[r[0]:r[0] + r[1]] == r[2] for r in rel)
+    status, doc = call(server.url, "/v1/link?format=displacy", {"text": TEXT, "spans": spans})
+    assert status == 200 and doc["text"] == TEXT
+    assert [(e["start"], e["end"], e["label"], e["kb_id"]) for e in doc["ents"]] == [
+        (m["start"], m["end"], m["title"], str(m["entity_id"])) for m in ours["mentions"]]
+    assert doc["ents"][0]["kb_url"] == "https://en.wikipedia.org/wiki/" + ours["mentions"][0]["title"].replace(" ", "_")
+
+
+def test_answer(server):
+    question = "Who designed the Analytical Engine?"
+    status, out = call(server.url, "/v1/answer", {"question": question, "top_k": 4})
+    assert status == 200 and out["question"] == question and len(out["answers"]) == 4
+    scores = [a["score"] for a in out["answers"]]
+    assert scores == sorted(scores, reverse=True)
+    for m in out["question_entities"]:
+        assert question[m["start"]:m["end"]] == m["text"]
+
+
+def test_concurrent_requests_are_batched_without_changing_answers(server):
+    bodies = [{"text": TEXT[: 20 + 7 * i], "top_k": 2} for i in range(10)]
+    alone = [call(server.url, "/v1/link", b)[1] for b in bodies]
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        together = list(pool.map(lambda b: call(server.url, "/v1/link", b), bodies))
+    for a, (status, b) in zip(alone, together):
+        assert status == 200
+        assert [(m["start"], m["entity_id"]) for m in a["mentions"]] == [(m["start"], m["entity_id"]) for m in b["mentions"]]
+
+
+BAD = [
+    ("/v1/link", {"text": ""}, 400, "text is empty"),
+    ("/v1/link", {"text": "   "}, 400, "text is empty"),
+    ("/v1/link", {"text": "x" * 2001}, 413, "limit is 2,000"),
+    ("/v1/link", {"text": 42}, 422, "body.text"),
+    ("/v1/link", {"txt": "hello"}, 422, "body.text: Field required"),
+    ("/v1/link", {"text": "hello", "top_k": 0}, 400, "top_k must be between 1 and 100"),
+    ("/v1/link", {"text": "hello", "top_k": -3}, 400, "top_k must be between 1 and 100"),
+    ("/v1/link", {"text": "hello", "top_k": 10**12}, 400, "top_k must be between 1 and 100"),
+    ("/v1/link", {"text": "hello", "top_k": "5"}, 422, "body.top_k"),
+    ("/v1/link", {"text": "hello", "top_k": True}, 422, "body.top_k"),
+    ("/v1/link", {"text": "hello world", "spans": [[0, 5], [3, 4]]}, 400, "overlap"),
+    ("/v1/link", {"text": "hello", "spans": [[2, 10]]}, 400, "not inside the text"),
+    ("/v1/link", {"text": "hello", "spans": [[-1, 2]]}, 400, "not inside the text"),
+    ("/v1/link", {"text": "hello", "spans": [[0]]}, 400, "not a [start, length] pair"),
+    ("/v1/link", {"text": "hello", "spans": "0,5"}, 422, "body.spans"),
+    ("/v1/link", [1, 2], 422, "invalid request"),
+    ("/v1/answer", {"question": ""}, 400, "question is empty"),
+    ("/v1/answer", {"question": "why?", "top_k": 0}, 400, "top_k"),
+    ("/v1/answer", {"question": "word " * 400}, 400, "wordpieces"),
+    ("/rel", {"text": "hello", "spans": [[4, 3]]}, 400, "not inside the text"),
+    ("/v1/entities", {"entities": []}, 400, "non-empty"),
+    ("/v1/entities", {"entities": [{"title": "X", "contexts": ["no name here"]}]}, 400, "never names"),
+    ("/v1/entities", {"entities": [{"title": title(3), "contexts": [f"{title(3)} again"]}]}, 409, "exists already"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, message", BAD, ids=[f"{p}:{m}" for p, _, _, m in BAD])
+def test_bad_input_is_a_clear_4xx_and_the_server_serves_on(server, path, body, status, message):
+    got, out = call(server.url, path, body)
+    assert got == status and message in out["error"], (got, out)
+    good_request_works(server.url)
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b'{"text": "caf\xe9"}', "not valid UTF-8"),
+    (b'{"text": "hello"', "not valid JSON"),
+    (b"", "the body is empty"),
+])  # fmt: skip
+def test_undecodable_bodies(server, raw, message):
+    got, out = call(server.url, "/v1/link", raw=raw, method="POST")
+    assert got == 400 and message in out["error"], (got, out)
+    good_request_works(server.url)
+
+
+def test_new_entities_reach_every_replica_and_survive_a_replica_restart(server):
+    import ray
+
+    context = "Ada Lovelace corresponded with Zephyrine Okonkwo-Bell about the engine."
+    span = [[31, 22]]
+    status, out = call(server.url, "/v1/entities", {"entities": [{"title": "Zephyrine Okonkwo-Bell", "contexts": [context]}]})
+    assert status == 200 and out["added"][0]["title"] == "Zephyrine Okonkwo-Bell"
+    new_id = out["added"][0]["entity_id"]
+    assert new_id >= 512 and (server.store / "added-entities.json").is_file()
+
+    def linked_ids(n: int) -> list[int]:
+        return [call(server.url, "/v1/link", {"text": context, "spans": span, "top_k": 1})[1]["mentions"][0]["entity_id"]
+                for _ in range(n)]
+
+    assert linked_ids(8) == [new_id] * 8  # both replicas (the other one read the store)
+    before = _model_replicas(server.ray)
+    assert len(before) == 2
+    ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
+    # Requests while the replica is replaced: the other one serves (the ingress retries once).
+    results = [call(server.url, "/v1/link", {"text": TEXT})[0] for _ in range(10)]
+    assert results.count(200) >= 9, results
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        now = _model_replicas(server.ray)
+        if len(now) == 2 and before[0] not in now and call(server.url, "/readyz")[0] == 200:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"no replacement replica in 90 s: {_model_replicas(server.ray)}")
+    time.sleep(2)  # let the replacement load its model (/readyz may have asked the old one)
+    assert linked_ids(8) == [new_id] * 8  # the replacement loaded the store at start
+
+
+def test_page_in_headless_chromium(server, tmp_path):
+    browser = Browser()
+    try:
+        browser.goto(server.url + "/")
+        browser.wait_for("document.getElementById('info').textContent.includes('entities')")
+        # paste text and click, as a user would
+        browser.evaluate(f"document.getElementById('text').value = {json.dumps(TEXT)}; document.getElementById('link').click()")
+        browser.wait_for("document.getElementById('linked').dataset.state === 'done'")
+        marks = browser.evaluate("[...document.querySelectorAll('mark.mention')].map(m => "
+                                 "[m.firstChild.textContent, m.querySelector('.ent').textContent, m.dataset.entityId])")
+        _, api = call(server.url, "/v1/link", {"text": TEXT})
+        assert marks == [[m["text"], m["title"], str(m["entity_id"])] for m in api["mentions"]]
+        assert browser.evaluate("document.getElementById('linked').textContent").startswith(TEXT[: api["mentions"][0]["start"]])
+        browser.evaluate("document.getElementById('question').value = 'Who designed the Analytical Engine?';"
+                         "document.getElementById('ask').click()")
+        browser.wait_for("document.getElementById('answers').dataset.state === 'done'")
+        assert browser.evaluate("document.querySelectorAll('li.answer').length") == 5
+        browser.evaluate("document.getElementById('text').value = ''; document.getElementById('link').click()")
+        browser.wait_for("document.getElementById('linked').dataset.state === 'error'")
+        assert browser.evaluate("document.getElementById('linked').textContent") == "text is empty"
+        browser.evaluate(f"document.getElementById('text').value = {json.dumps(TEXT)}; document.getElementById('link').click()")
+        browser.wait_for("document.getElementById('linked').dataset.state === 'done'")
+        shot = browser.screenshot(tmp_path / "page.png")
+        png = shot.read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    finally:
+        browser.close()
+
+
+def test_serve_deploy_config_is_valid():
+    from ray.serve.schema import ServeDeploySchema
+
+    from eae_platform.serving.app import ServeSettings
+
+    config = yaml.safe_load((REPO / "serve_apps" / "eae.yaml").read_text())
+    ServeDeploySchema.model_validate(config)
+    app = config["applications"][0]
+    assert app["import_path"] == "eae_platform.serving.app:build_app" and config["http_options"]["host"] == "127.0.0.1"
+    settings = ServeSettings.from_args(app["args"])
+    assert settings.engine.index.kind == "flat" and settings.batching
+    with pytest.raises(ValueError, match="unknown serve settings: colour"):
+        ServeSettings.from_args({**app["args"], "colour": "blue"})

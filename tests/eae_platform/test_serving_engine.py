@@ -1,0 +1,242 @@
+"""The serving engine without Ray: windows and character offsets, batching that changes no
+answer, faiss retrieval against exact search, new entities and their store, model sources,
+`eae entities add`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from eae_platform.cli import main
+from eae_platform.serving.engine import Engine, EngineConfig, RequestError, parse_spans
+from eae_platform.serving.index import EntityIndex, IndexConfig
+from eae_platform.serving.model_source import resolve
+from tests.eae_platform.serving_fixtures import make_model_dir, title
+
+REPO = Path(__file__).resolve().parents[2]
+
+WORDS = "the river flows past old mills and quiet towns where people trade grain and wool".split()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Ops this small gain nothing from two threads, and on a busy 2-core machine intra-op
+    threads make them many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("serve-model") / "model", max_length=32)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return Engine(resolve(str(model_dir)))
+
+
+def long_text(n_words: int) -> str:
+    rng = np.random.default_rng(0)
+    return " ".join(rng.choice(WORDS, n_words)) + "."
+
+
+def test_long_text_windows_keep_offsets_and_spans(engine):
+    text = long_text(200)  # ~200 wordpieces: 7+ windows of 30
+    starts = [m.start() for m in re.finditer(r"\bmills\b", text)]
+    spans = [[s, 5] for s in starts]
+    assert len(spans) >= 5
+    out = engine.link(text, spans, top_k=3)
+    assert [(m["start"], m["end"]) for m in out["mentions"]] == [(s, s + 5) for s, _ in spans]
+    for m in out["mentions"]:
+        assert m["text"] == "mills" and len(m["candidates"]) == 3
+        assert m["title"] == title(m["entity_id"])
+        scores = [c["score"] for c in m["candidates"]]
+        assert scores == sorted(scores, reverse=True) and 0 < scores[0] <= 1
+    detected = engine.link(text)["mentions"]
+    assert detected, "the random BIO head decodes some mentions"
+    for m in detected:
+        assert text[m["start"]:m["end"]] == m["text"] and m["start"] < m["end"]
+    assert all(a["end"] <= b["start"] for a, b in zip(detected, detected[1:]))
+
+
+def test_batched_answers_equal_single_ones(engine):
+    jobs = [engine.link_job(long_text(n)) for n in (5, 40, 90)]
+    jobs.append(engine.link_job("quiet towns trade wool", [[0, 5], [13, 5]], 4))
+    jobs.append(engine.answer_job("Where do people trade grain?", 3))
+    together = engine.run([engine.prepare(j) for j in jobs])
+    for job, batched in zip(jobs, together):
+        alone = engine.run([engine.prepare(job)])[0]
+        key = "mentions" if "mentions" in alone else "answers"
+        assert len(batched[key]) == len(alone[key])
+        for a, b in zip(alone[key], batched[key]):
+            assert a["entity_id"] == b["entity_id"] and a.get("start") == b.get("start")
+            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+
+
+def test_answer_position_is_not_a_question_mention(engine):
+    out = engine.answer("Which river flows past the old mills?", top_k=4)
+    assert len(out["answers"]) == 4 and len({a["entity_id"] for a in out["answers"]}) == 4
+    q = out["question"]
+    for m in out["question_entities"]:
+        assert q[m["start"]:m["end"]] == m["text"]
+
+
+@pytest.mark.parametrize("spans, message", [
+    ([[0, 3], [2, 3]], "overlap"),
+    ([[-1, 2]], "not inside"),
+    ([[0, 0]], "not inside"),
+    ([[5, 100]], "not inside"),
+    ([[3, 1]], "whitespace"),
+    ([[0, 1.5]], "pair of integers"),
+    ([[0, True]], "pair of integers"),
+    ("0,3", "list"),
+])  # fmt: skip
+def test_bad_spans_are_refused_with_a_reason(spans, message):
+    with pytest.raises(RequestError, match=message):
+        parse_spans(spans, "abc def ghi", 10)
+
+
+def test_bad_text_and_top_k(engine):
+    for text, top_k, status, message in [("", None, 400, "empty"), ("  \n", None, 400, "empty"),
+                                         (5, None, 400, "string"), ("x" * 10_001, None, 413, "limit"),
+                                         ("ok", 0, 400, "between"), ("ok", 101, 400, "between"),
+                                         ("ok", "3", 400, "integer")]:
+        with pytest.raises(RequestError, match=message) as caught:
+            engine.link_job(text, None, top_k)
+        assert caught.value.status == status
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_faiss_index_against_exact_search(kind):
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(50, 32)).astype(np.float32)
+    table = (centers[rng.integers(0, 50, 5000)] + 0.3 * rng.normal(size=(5000, 32))).astype(np.float32)
+    queries = (table[rng.integers(0, 5000, 200)] + 0.1 * rng.normal(size=(200, 32))).astype(np.float32)
+    exact = torch.from_numpy(queries @ table.T).topk(10, dim=-1)
+    index = EntityIndex(table, IndexConfig(kind=kind))
+    scores, ids = index.search(queries, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids.tolist(), exact.indices.tolist())])
+    if kind == "flat":
+        assert recall == 1.0 and np.allclose(scores, exact.values.numpy(), atol=1e-4)
+    else:
+        assert recall >= 0.9, recall
+    index.add(100 * queries[:3])  # new rows get the next ids and are found at once
+    assert len(index) == 5003 and index.search(queries[2:3], 1)[1][0, 0] == 5002
+
+
+def test_new_entities_link_at_once_and_survive_a_restart(model_dir, tmp_path):
+    store = tmp_path / "store"
+    engine = Engine(resolve(str(model_dir)), EngineConfig(entity_store=str(store)))
+    context = "Quentin Marsh founded the river mills in the old towns."
+    added = engine.add_entities([
+        {"title": "Quentin Marsh", "contexts": [context]},
+        {"title": "Marsh Mills Ltd", "aliases": ["the mills"], "contexts": [{"text": "They sold the mills.", "spans": [[9, 10]]}]},
+    ])  # fmt: skip
+    assert [a["entity_id"] for a in added] == [512, 513] and [a["mentions"] for a in added] == [1, 1]
+    first = engine.link(context, [[0, 13]], top_k=3)["mentions"][0]
+    assert (first["entity_id"], first["title"]) == (512, "Quentin Marsh")
+    with pytest.raises(RequestError, match="exists already") as caught:
+        engine.add_entities([{"title": "Quentin Marsh", "contexts": [context]}])
+    assert caught.value.status == 409
+    with pytest.raises(RequestError, match="never names"):
+        engine.add_entities([{"title": "Nobody", "contexts": ["a text without the name"]}])
+    restarted = Engine(resolve(str(model_dir)), EngineConfig(entity_store=str(store)))
+    assert restarted.table.num_entities == 514 and restarted.titles[512:] == ["Quentin Marsh", "Marsh Mills Ltd"]
+    assert torch.equal(restarted.table.weight[512:], engine.table.weight[512:])
+    again = restarted.link(context, [[0, 13]], top_k=3)["mentions"][0]
+    assert again["entity_id"] == 512 and again["score"] == pytest.approx(first["score"], abs=1e-6)
+
+
+def test_checkpoint_directory_and_store_for_another_model(model_dir, tmp_path):
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    shutil.copy(model_dir / "model.safetensors", ckpt)
+    config = json.loads((model_dir / "config.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({"step": 1, "config": {"model": config, "train": {"data": str(model_dir)}}}))
+    engine = Engine(resolve(str(ckpt)))  # titles from the checkpoint's train.data
+    assert engine.titles[7] == title(7)
+    with pytest.raises(FileNotFoundError, match="neither a model directory"):
+        resolve(str(tmp_path))
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "added-entities.json").write_text(json.dumps({"base_entities": 99, "dim": 32, "titles": []}))
+    with pytest.raises(ValueError, match="made for a table of 99"):
+        Engine(resolve(str(model_dir)), EngineConfig(entity_store=str(store)))
+
+
+def test_cli_entities_add_offline(model_dir, tmp_path, capsys):
+    store = tmp_path / "store"
+    argv = ["entities", "add", "--model", str(model_dir), "--entity-store", str(store), "--title", "Ada Quill",
+            "--context", "Ada Quill wrote about the river.", "--context", "The poet Ada Quill lived by the mills."]
+    assert main(argv) == 0
+    assert "added 'Ada Quill' as entity 512 from 2 mentions" in capsys.readouterr().out
+    assert main(argv) == 2  # the same title again: a clear error, no traceback
+    assert "exists already" in capsys.readouterr().err
+    assert json.loads((store / "added-entities.json").read_text())["titles"] == ["Ada Quill"]
+
+
+def test_serve_settings_from_flags_and_the_deploy_config(model_dir, monkeypatch, tmp_path):
+    from eae_platform.cli import build_parser
+    from eae_platform.serving.cli import serve_settings
+
+    monkeypatch.chdir(model_dir.parent)
+    args = build_parser().parse_args(["serve", "--config", str(REPO / "serve_apps" / "eae.yaml"), "--model", "model",
+                                      "--set", "engine.index.kind=hnsw", "--set", "max_batch_size=4",
+                                      "--entity-store", "store", "--no-batching"])
+    s = serve_settings(args)
+    assert s.model == str(model_dir) and s.engine.entity_store == str(model_dir.parent / "store")
+    assert s.engine.index.kind == "hnsw" and s.max_batch_size == 4 and not s.batching and s.mlflow_uri is None
+    s = serve_settings(build_parser().parse_args(["serve", "--model", "models:/eae@pretrained"]))
+    assert s.mlflow_uri == f"sqlite:///{model_dir.parent / 'mlflow.db'}"  # resolved where the command runs
+    with pytest.raises(ValueError, match="--model is required"):
+        serve_settings(build_parser().parse_args(["serve"]))
+    assert main(["serve", "--model", str(tmp_path / "missing")]) == 2  # refused before Ray starts
+
+
+def test_registered_mlflow_model_is_served_with_its_titles(model_dir, tmp_path):
+    from eae_platform.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("serve-test", uri=uri, spool_dir=tmp_path)
+    model_uri = tracker.register_model(model_dir, "eae-serve-test", "pretrained")
+    assert tracker.close().ok
+    engine = Engine(resolve(model_uri, mlflow_uri=uri, cache_dir=tmp_path / "cache"))
+    assert engine.titles[11] == title(11) and engine.describe()["model"] == "models:/eae-serve-test@pretrained"
+    out = engine.link("the river flows past old mills", [[4, 5]], top_k=2)["mentions"][0]
+    assert out["text"] == "river" and out["title"] == title(out["entity_id"])
+
+
+def test_two_replicas_adding_to_one_store_never_reuse_an_id(model_dir, tmp_path):
+    config = EngineConfig(entity_store=str(tmp_path / "store"))
+    a, b = Engine(resolve(str(model_dir)), config), Engine(resolve(str(model_dir)), config)
+    assert a.add_entities([{"title": "Old Mill", "contexts": ["The Old Mill stands by the river."]}])[0]["entity_id"] == 512
+    # b has not seen a's entity yet: it takes it from the store before adding its own
+    assert b.add_entities([{"title": "New Mill", "contexts": ["The New Mill is quiet."]}])[0]["entity_id"] == 513
+    with pytest.raises(RequestError, match="exists already"):
+        b.add_entities([{"title": "Old Mill", "contexts": ["The Old Mill again."]}])
+    fresh = Engine(resolve(str(model_dir)), config)
+    assert fresh.titles[512:] == ["Old Mill", "New Mill"]
+    assert torch.equal(fresh.table.weight[512:], b.table.weight[512:])
+    a.sync_store()
+    assert a.titles[512:] == ["Old Mill", "New Mill"]
+
+
+def test_faiss_table_retrieves_as_the_model_s_own_table():
+    from eae_model.entity_table import entity_attention
+    from eae_platform.serving.table import FaissEntityTable
+
+    torch.manual_seed(0)
+    weight, h = torch.randn(300, 16), torch.randn(7, 16)
+    table = FaissEntityTable(weight)
+    for k in (1, 10, None):
+        expected, _ = entity_attention(h, weight, k)
+        assert torch.allclose(table.attend(h, k).retrieved, expected, atol=1e-5)

@@ -33,6 +33,7 @@ class EvalConfig:
     # Masked hyperlink prediction (Table 2) and top-K (Table 7).
     mask_rate: float = 0.2  # pretraining's: 20% of mentions
     seed: int = 0  # the masking seed (the same masks for every model and K)
+    mask_draws: int = 1  # maskings of the split pooled (seeds seed, seed + 1, ...)
     max_batches: int = 0  # 0: the whole split
     batch_size: int = 32
     ks: str = "1,10,100,all"  # top-K: the memory's k at inference; "all" = every entity
@@ -44,6 +45,7 @@ class EvalConfig:
     lr: float = 3e-5
     steps: int = 700
     label_smoothing: float = 0.1  # typing (paper: 0.1)
+    max_examples: int = 2000  # typing / relations: examples kept per split
     # Analysis (Figure 3) and overlap (Table 8).
     runs: str = ""  # QA runs (ids or names), comma-separated: analysis one, overlap two
     bootstrap: int = 1000  # resamples for the error bars
@@ -58,7 +60,7 @@ class EvalConfig:
             problems.append(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.split not in SPLITS:
             problems.append(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
-        for name in ("batch_size", "steps", "max_per_relation", "bootstrap"):
+        for name in ("batch_size", "steps", "max_per_relation", "bootstrap", "max_examples", "mask_draws"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 < self.mask_rate <= 1 or not self.lr > 0 or not 0 <= self.label_smoothing < 1:

@@ -22,7 +22,7 @@ def run(config) -> dict:
     metrics: dict[str, float] = {}
     for label, k in ks:
         m = evaluate_split(model, config.data, config.split, dev, config.batch_size, config.seed, config.mask_rate,
-                           config.max_batches, k=k)
+                           config.max_batches, k=k, mask_draws=config.mask_draws)
         for name in ("entity_accuracy", "token_accuracy", "perplexity"):
             if name in m:
                 metrics[topk_key(label, name)] = m[name]

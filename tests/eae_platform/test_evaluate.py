@@ -123,9 +123,9 @@ def _write_openentity(directory):
 def test_typing_and_relation_extraction(synth_pretrained, tmp_path):
     tmp, _, uri = synth_pretrained
     spec = f"synth:{tmp / 'world'},{tmp / 'data'}"
-    common = [f"eval.mlflow_uri={uri}", "eval.steps=60", "eval.lr=1e-3", "eval.max_examples=600"]
+    common = [f"eval.mlflow_uri={uri}", "eval.steps=40", "eval.batch_size=16", "eval.lr=2e-3", "eval.max_examples=300"]
     typing = entity_typing.run(load_eval_config(None, common, task="typing", model=str(tmp / "model"), data=spec))
-    data, _ = entity_typing.load_typing(spec, 128, 600)
+    data, _ = entity_typing.load_typing(spec, 128, 300)
     gold = sum(len(types) for _, _, types in data["test"])
     every_type = 2 * gold / (len(data["test"]) * len(typing["labels"]) + gold)  # F1 of predicting all types
     assert typing["metrics"]["test/micro_f1"] > every_type + 0.1, (typing["metrics"], every_type)
@@ -134,7 +134,7 @@ def test_typing_and_relation_extraction(synth_pretrained, tmp_path):
     rel = relations.run(load_eval_config(None, common, task="relations", model=str(tmp / "model"), data=spec))
     assert rel["counts"]["data/test_related"] > 10 and "born_in" in rel["labels"]
     # predicting the most frequent relation for every pair
-    data, _ = relations.load_relations(spec, 128, 600, 0)
+    data, _ = relations.load_relations(spec, 128, 300, 0)
     gold = [r for *_, r in data["test"]]
     top = max(set(gold) - {relations.NO_RELATION}, key=gold.count)
     assert rel["metrics"]["test/f1"] > relations.f1_score([top] * len(gold), gold)["f1"] + 0.1, rel["metrics"]

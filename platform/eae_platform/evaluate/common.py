@@ -36,6 +36,3 @@ def tracker(config: EvalConfig, extra_tags: dict | None = None, model_config=Non
     t.log_config({**config.to_dict(), **({"model": model_config.to_dict()} if model_config else {})})
     return t
 
-
-def autocast(dev: torch.device):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)

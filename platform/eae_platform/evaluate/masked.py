@@ -35,7 +35,7 @@ def split_batches(data_dir: str, split: str, batch_size: int, seed: int, mask_ra
     files = data.shard_files(data_dir, split)
     if not files:
         raise FileNotFoundError(f"no {split} shards under {data_dir}/shards/{split}: give an `eae data build` output")
-    table = pq.read_table(files, columns=data.COLUMNS) if len(files) > 1 else pq.read_table(files[0], columns=data.COLUMNS)
+    table = pq.read_table(files, columns=data.COLUMNS)
     n = 0
     for i in range(0, table.num_rows, batch_size):
         if max_batches and n >= max_batches:

@@ -16,7 +16,7 @@ stages="${5:-train eval}"
 eae=.venv/bin/eae
 export MLFLOW_TRACKING_URI="sqlite:///$out/mlflow.db"
 mkdir -p "$out"
-variants=(eae no_eae mm eae_unsup)
+variants=(${VARIANTS:-eae no_eae mm eae_unsup})  # VARIANTS="eae no_eae": a subset
 # The paper's ablations as switches of the tiny preset (eae_model/config.py PRESETS).
 model_set() {
   case "$1" in
@@ -66,11 +66,11 @@ if [[ " $stages " == *" eval "* ]]; then
 fi
 if [[ " $stages " == *" wiki "* ]]; then
   wiki="$out/wiki"
-  $eae data build --out "$wiki/data" --shard-rows 200
+  [ -f "$wiki/data/manifest.json" ] || $eae data build --out "$wiki/data" --shard-rows 200
   n=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['counts']['entities'])" "$wiki/data/manifest.json")
-  for v in eae no_eae; do
+  for v in ${WIKI_VARIANTS:-eae no_eae}; do
     # shellcheck disable=SC2046
-    $eae pretrain --preset tiny --data "$wiki/data" --max-steps "$pre" --num-workers 1 --name "wiki-pre-$v" \
+    [ -f "$wiki/models/$v/config.json" ] || $eae pretrain --preset tiny --data "$wiki/data" --max-steps "$pre" --num-workers 1 --name "wiki-pre-$v" \
       --out "$wiki/models/$v" --set model.num_entities="$n" --set model.max_length=128 \
       --set train.batch_size=32 --set train.lr=2e-3 --set train.cpus_per_worker=1 --set train.log_every=100 \
       --set train.checkpoint_every="$pre" --set train.eval_batches=0 --set train.storage_path="$wiki/ray" \

@@ -55,6 +55,17 @@ def mark(pieces: list[list[int]], subj: tuple[int, int], obj: tuple[int, int], m
     return ids + [sep_id], subj_at, obj_at
 
 
+def fit_window(length: int, first: int, last: int, size: int) -> tuple[int, int] | None:
+    """[lo, hi) of at most `size` units that keeps units first..last, centred on them (a
+    context plus four markers may exceed max_length), or None when they span more than size."""
+    if length <= size:
+        return 0, length
+    if last - first + 1 > size:
+        return None
+    lo = max(0, min(first - (size - (last - first + 1)) // 2, length - size))
+    return lo, lo + size
+
+
 def _marker_ids(tokenizer: WordPieceTokenizer) -> list[int]:
     return [tokenizer.token_to_id(m) for m in MARKERS]
 
@@ -78,11 +89,14 @@ def distant_examples(data_dir: str, triples: set[tuple[int, str, int]], max_leng
                     if e1 == e2 or not (t1 < s2 or t2 < s1):
                         continue
                     relation = relation_of.get((e1, e2))
-                    units = [[i] for i in ids]
-                    marked, a, b = mark(units, (s1, t1), (s2, t2), markers, tokenizer.cls_id, tokenizer.sep_id)
-                    if len(marked) > max_length:
-                        skipped["too_long"] += 1
+                    window = fit_window(len(ids), min(s1, s2), max(t1, t2), max_length - 6)  # [CLS] [SEP] 4 markers
+                    if window is None:
+                        skipped["pair_too_far_apart"] += 1
                         continue
+                    lo, hi = window
+                    units = [[i] for i in ids[lo:hi]]
+                    marked, a, b = mark(units, (s1 - lo, t1 - lo), (s2 - lo, t2 - lo), markers, tokenizer.cls_id,
+                                        tokenizer.sep_id)
                     (positives if relation else negatives).append((marked, a, b, relation or NO_RELATION))
         rng.shuffle(negatives)
         examples = positives + negatives[: len(positives)]

@@ -43,8 +43,15 @@ def synthetic(client: MlflowClient, prefix: str = "") -> None:
     print(table(["model", "entity acc", "token acc", "PPL", "masked entities", "masked tokens"], rows) + "\n")
     if not prefix:
         print("### Pretraining's own dev evaluation (logged by `eae pretrain`)\n")
-        rows = [[v, pct(m, "dev/entity_accuracy"), pct(m, "dev/token_accuracy"), num(m, "dev/perplexity")]
-                for v in VARIANTS if (m := latest(client, f"pre-{v}"))]
+        # `eae pretrain` logs dev_entity_acc, dev_token_acc, dev_ppl (the names eae compare reads,
+        # dev/entity_accuracy, ..., are taken when present)
+        rows = []
+        for v in VARIANTS:
+            if m := latest(client, f"pre-{v}"):
+                m = {**{"dev/entity_accuracy": m.get("dev_entity_acc"), "dev/token_accuracy": m.get("dev_token_acc"),
+                        "dev/perplexity": m.get("dev_ppl")}, **m}
+                m = {k: x for k, x in m.items() if x is not None}
+                rows.append([v, pct(m, "dev/entity_accuracy"), pct(m, "dev/token_accuracy"), num(m, "dev/perplexity")])
         print(table(["model", "entity acc", "token acc", "PPL"], rows) + "\n")
         print("### Closed-book QA on the synthetic world's questions (EM)\n")
         rows = [[v, pct(m, "dev/em"), pct(m, "test/em"), pct(m, "test/oracle")]

@@ -133,6 +133,9 @@ def test_typing_and_relation_extraction(synth_pretrained, tmp_path):
 
     rel = relations.run(load_eval_config(None, common, task="relations", model=str(tmp / "model"), data=spec))
     assert rel["counts"]["data/test_related"] > 10 and "born_in" in rel["labels"]
+    # a context plus four markers over max_length is cut to a window around the pair
+    assert relations.fit_window(130, 120, 129, 122) == (8, 130) and relations.fit_window(100, 0, 99, 122) == (0, 100)
+    assert relations.fit_window(300, 0, 200, 122) is None
     # predicting the most frequent relation for every pair
     data, _ = relations.load_relations(spec, 128, 300, 0)
     gold = [r for *_, r in data["test"]]

@@ -139,6 +139,62 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from eae_platform.evaluate import run
+    from eae_platform.evaluate.config import load_eval_config
+    from eae_platform.ray_session import connect
+    from eae_platform.tracking import tracking_uri
+
+    config = load_eval_config(args.config, args.set, task=args.task, model=args.model, data=args.data,
+                              split=args.split, qa_model=args.qa_model, qa_data=args.qa_data, runs=args.runs,
+                              ks=args.ks)
+    config = _absolute(config)
+    config.mlflow_uri = config.mlflow_uri or tracking_uri()
+    ray = connect(args.address)
+    gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
+
+    def task(config):
+        import torch
+
+        torch.set_num_threads(max(1, int(args.cpus)))
+        summary = run(config)
+        summary.pop("rows", None)  # per-example rows stay in MLflow's artifacts
+        return summary
+
+    try:
+        summary = ray.get(ray.remote(num_cpus=args.cpus, num_gpus=gpus)(task).remote(config))
+    except ray.exceptions.RayTaskError as error:  # the task's own error, without Ray's wrapping
+        raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError, LookupError)) else error
+    for key, value in sorted(summary["metrics"].items()):
+        print(f"{key:<60} {value:.4f}" if isinstance(value, float) else f"{key:<60} {value}")
+    for key, value in sorted((summary.get("skipped") or {}).items()):
+        print(f"skipped {key}: {value}")
+    print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
+    return 0
+
+
+def _absolute(config):
+    """Local paths made absolute: the evaluation runs as a Ray task in another directory."""
+    import dataclasses
+
+    def local(spec: str) -> str:
+        if not spec or spec.startswith(("models:/", "runs:/")):
+            return spec
+        parts = []
+        for part in spec.split(","):  # source specs: kind[:PATH], comma-separated
+            kind, sep, rest = part.partition(":")
+            if sep and rest and kind.isalpha() and len(kind) > 1:
+                parts.append(f"{kind}:{Path(rest).resolve()}")
+            elif not sep and Path(part).exists():
+                parts.append(str(Path(part).resolve()))
+            else:
+                parts.append(part)
+        return ",".join(parts)
+
+    return dataclasses.replace(config, model=local(config.model), data=local(config.data),
+                               qa_model=local(config.qa_model), qa_data=local(config.qa_data))
+
+
 def _tune(args: argparse.Namespace) -> int:
     from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
     from eae_platform.ray_session import connect
@@ -250,6 +306,26 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue the sweep of this name (re-runs failed trials)")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
     t.set_defaults(func=_tune)
+
+    e = commands.add_parser("eval", help="the paper's evaluations (a Ray task each, logged to MLflow)")
+    e.add_argument("task", choices=("masked", "topk", "lama", "typing", "relations", "analysis", "overlap"),
+                   help="masked: masked hyperlink prediction; topk: K = 1, 10, 100, all; lama: cloze probes; "
+                   "typing: entity typing; relations: relation extraction; analysis: QA by frequency, "
+                   "mentions, length; overlap: two QA runs' overlap and oracle")
+    e.add_argument("--config", help="YAML with an `eval:` section")
+    e.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", help="override a setting")
+    e.add_argument("--model", help="models:/<name>@<alias>, a model directory or a pretraining checkpoint")
+    e.add_argument("--data", help="masked/topk/analysis: an `eae data build` directory; lama: probe sources "
+                   "(synth:DIR,geonames,countryinfo,wordnet,bsdgames,lama:FILE); typing/relations: a dataset")
+    e.add_argument("--split", help="train, dev or test (default test)")
+    e.add_argument("--ks", help="top-K values, e.g. 1,10,100,all")
+    e.add_argument("--qa-model", help="topk: the QA fine-tuned model for QA EM (default: --model)")
+    e.add_argument("--qa-data", help="topk: a QA dataset spec (as eae finetune qa --data)")
+    e.add_argument("--runs", help="analysis: a QA run; overlap: two QA runs (ids or names, comma-separated)")
+    e.add_argument("--cpus", type=float, default=1.0, help="CPUs of the Ray task (default 1)")
+    e.add_argument("--gpus", type=float, help="GPUs of the Ray task (default: 1 when the cluster has one)")
+    e.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
+    e.set_defaults(func=_eval)
 
     c = commands.add_parser("compare", help="the paper's tables for MLflow runs, side by side")
     c.add_argument("runs", nargs="+", metavar="RUN", help="MLflow run ids or run names")

@@ -1,0 +1,24 @@
+"""The paper's evaluation suite: `eae eval TASK` (one MLflow run per evaluation).
+
+    masked     masked hyperlink prediction on a held-out split (Table 2)     masked.py
+    topk       K = 1, 10, 100, all at inference, incl. QA EM (Table 7)        topk.py
+    lama       zero-shot cloze probes, token and entity heads (Table 3)      lama.py, probes.py
+    typing     entity typing, micro-F1 with a dev threshold (appendix)       entity_typing.py
+    relations  relation extraction with entity markers, F1 (Table 9)         relations.py
+    analysis   QA accuracy by answer frequency, mentions, length (Fig. 3)   analysis.py
+    overlap    prediction overlap and oracle accuracy of two QA runs (T. 8)  analysis.py
+"""
+
+from __future__ import annotations
+
+import importlib
+
+MODULES = {"masked": "masked", "topk": "topk", "lama": "lama", "typing": "entity_typing",
+           "relations": "relations", "analysis": "analysis", "overlap": "analysis"}
+
+
+def run(config) -> dict:
+    """Run config.task; returns its summary ({metrics, run_id, ...})."""
+    module = importlib.import_module(f"eae_platform.evaluate.{MODULES[config.task]}")
+    runner = getattr(module, "run_overlap" if config.task == "overlap" else "run")
+    return runner(config)

@@ -1,0 +1,159 @@
+"""Zero-shot cloze probes (paper Table 3): "The capital of France is [MASK] ." -> Paris.
+
+Each probe's [MASK] becomes as many [MASK] wordpieces as its answer has (the answer's length
+is given, as in pretraining where a masked mention keeps its wordpiece count), and two heads
+answer it, without any fine-tuning:
+
+    token   TokenPred's argmax at every masked position spells the answer's wordpieces
+            (for one-wordpiece answers this is LAMA's P@1)
+    entity  EntityPred's top entity at the masked span (a mention, s..t) is the answer's entity;
+            only probes whose answer resolves to an entity of the model's vocabulary count
+
+The subject's name, when found in the sentence, is given as a mention too, so the memory (EaE)
+reads its entity. Accuracy per relation and per source (micro), logged as
+`lama/<source>/<relation>/{token_accuracy,entity_accuracy,probes,entity_probes}`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from eae_model.mentions import Mentions
+from eae_model.model import EaEModel
+from eae_model.tokenizer import WordPieceTokenizer
+from eae_platform.evaluate.probes import MASK, Probe
+
+
+@dataclass
+class EncodedProbe:
+    probe: Probe
+    ids: list[int]
+    answer_ids: list[int]  # the answer's wordpieces
+    answer_span: tuple[int, int]  # inclusive wordpiece span of the masks
+    subject_span: tuple[int, int] | None
+    entity_id: int | None  # the answer's entity in the model's vocabulary
+
+
+def _find(haystack: list[int], needle: list[int]) -> int:
+    for i in range(len(haystack) - len(needle) + 1):
+        if haystack[i : i + len(needle)] == needle:
+            return i
+    return -1
+
+
+def encode_probes(probes: list[Probe], tokenizer: WordPieceTokenizer, max_length: int, resolve,
+                  skipped: Counter) -> list[EncodedProbe]:
+    """resolve(name) -> entity id or None (the model's vocabulary)."""
+    out = []
+    for p in probes:
+        left, right = p.text.split(MASK, 1)
+        answer = tokenizer.encode(p.answer, add_special_tokens=False).ids
+        if not answer:
+            skipped[f"{p.source}/empty_answer"] += 1
+            continue
+        left_ids = tokenizer.encode(left, add_special_tokens=False).ids
+        right_ids = tokenizer.encode(right, add_special_tokens=False).ids
+        ids = [tokenizer.cls_id, *left_ids, *[tokenizer.mask_id] * len(answer), *right_ids, tokenizer.sep_id]
+        if len(ids) > max_length:
+            skipped[f"{p.source}/too_long"] += 1
+            continue
+        start = 1 + len(left_ids)
+        span = (start, start + len(answer) - 1)
+        subject_span = None
+        if p.subject:
+            needle = tokenizer.encode(p.subject, add_special_tokens=False).ids
+            at = _find(ids, needle) if needle else -1
+            if at >= 0 and (at + len(needle) - 1 < span[0] or at > span[1]):
+                subject_span = (at, at + len(needle) - 1)
+            else:
+                skipped[f"{p.source}/subject_not_found"] += 1  # still probed, without the subject mention
+        entity = next((e for e in (resolve(a) for a in p.answers) if e is not None), None)
+        out.append(EncodedProbe(p, ids, answer, span, subject_span, entity))
+    return out
+
+
+@torch.no_grad()
+def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, batch_size: int = 64,
+          ) -> list[dict]:
+    """One row per probe: token_correct, entity_correct (None when not scorable), prediction."""
+    model.eval()
+    rows = []
+    for i in range(0, len(encoded), batch_size):
+        chunk = encoded[i : i + batch_size]
+        length = max(len(e.ids) for e in chunk)
+        ids = torch.zeros((len(chunk), length), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        spans = []
+        for b, e in enumerate(chunk):
+            ids[b, : len(e.ids)] = torch.tensor(e.ids)
+            mask[b, : len(e.ids)] = 1
+            # mentions in position order (the memory's slots follow their starts)
+            spans.append(sorted([e.answer_span] + ([e.subject_span] if e.subject_span else [])))
+        m = Mentions.from_lists(spans)
+        out = model(ids.to(device), mask.to(device), mentions=Mentions(m.batch_ids, m.starts, m.ends, None).to(device))
+        logits = model.token_logits(out.x4)  # [B, L, V]
+        answer_rows = [sum(len(s) for s in spans[:b]) + spans[b].index(e.answer_span) for b, e in enumerate(chunk)]
+        top = None
+        if out.entity_queries is not None:
+            _, top = model.entity_table.top_k(out.entity_queries[torch.tensor(answer_rows)].float(), 1)
+        for b, e in enumerate(chunk):
+            s, t = e.answer_span
+            predicted = logits[b, s : t + 1].argmax(-1).tolist()
+            row = {"source": e.probe.source, "relation": e.probe.relation, "text": e.probe.text,
+                   "answer": e.probe.answer, "token_correct": predicted == e.answer_ids,
+                   "token_prediction": predicted, "entity_correct": None}
+            if top is not None and e.entity_id is not None:
+                row["entity_correct"] = int(top[b, 0]) == e.entity_id
+                row["entity_prediction"] = int(top[b, 0])
+            rows.append(row)
+    return rows
+
+
+def aggregate(rows: list[dict]) -> dict[str, float]:
+    """Accuracy per (source, relation) and per source, with counts."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[f"lama/{r['source']}/{r['relation']}"].append(r)
+        groups[f"lama/{r['source']}"].append(r)
+    metrics = {}
+    for key, group in groups.items():
+        metrics[f"{key}/probes"] = len(group)
+        metrics[f"{key}/token_accuracy"] = sum(r["token_correct"] for r in group) / len(group)
+        scorable = [r for r in group if r["entity_correct"] is not None]
+        metrics[f"{key}/entity_probes"] = len(scorable)
+        if scorable:
+            metrics[f"{key}/entity_accuracy"] = sum(r["entity_correct"] for r in scorable) / len(scorable)
+    return metrics
+
+
+def run(config) -> dict:
+    """`eae eval lama`: probes of config.data (a source spec, see probes.py) for config.model."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from eae_model.qa.resolve import AnswerResolver
+    from eae_platform.evaluate.common import device, load, tracker
+    from eae_platform.evaluate.probes import load_probes
+
+    dev = device()
+    probe_set = load_probes(config.data, config.max_per_relation, config.seed)
+    model, vocab_dir = load(config.model, config.mlflow_uri, dev)
+    resolver = AnswerResolver.from_dir(vocab_dir) if model.entity_pred is not None and vocab_dir else None
+    skipped = Counter(probe_set.skipped)
+    encoded = encode_probes(probe_set.probes, WordPieceTokenizer(), model.config.max_length,
+                            resolver.entity_id if resolver else (lambda name: None), skipped)
+    rows = score(model, encoded, dev, max(config.batch_size, 64))
+    metrics = aggregate(rows)
+    counts = {f"skipped/{k}": v for k, v in sorted(skipped.items())}
+    with tracker(config, {"eae.model": config.model}, model.config) as t:
+        t.log_metrics({**metrics, **counts}, step=0)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "probes.jsonl"
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            t.log_artifacts(path, "predictions")
+        run_id = t.run_id
+    return {"metrics": metrics, "skipped": dict(skipped), "run_id": run_id, "rows": rows}

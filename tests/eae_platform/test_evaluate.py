@@ -1,0 +1,224 @@
+"""The evaluation suite (`eae eval`) on the session's tiny model pretrained on the synthetic
+world (`synth_pretrained`, tests/conftest.py): every number is compared with the same
+evaluation of an untrained model of the same shape, with an exact identity (K above the
+entity count is K = all), or with a hand-computed baseline. The official formats (LAMA jsonl,
+Open Entity, TACRED) are read from small hand-made files in those formats."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from eae_model.checkpoint import VOCAB_FILES, load_model, save_model
+from eae_model.model import EaEModel
+from eae_platform import cli
+from eae_platform.evaluate import analysis, entity_typing, lama, masked, relations
+from eae_platform.evaluate.config import load_eval_config
+from eae_platform.evaluate.probes import expand_quiz, load_probes
+
+
+@pytest.fixture(scope="module")
+def untrained(synth_pretrained):
+    """A model directory of the pretrained model's shape, freshly initialised, same vocabulary."""
+    tmp, _, _ = synth_pretrained
+    out = tmp / "untrained"
+    if not (out / "config.json").is_file():
+        torch.manual_seed(0)
+        save_model(EaEModel(load_model(tmp / "model").config), out)
+        for name in VOCAB_FILES:
+            shutil.copyfile(tmp / "model" / name, out / name)
+    return out
+
+
+def _metrics(uri, run_name):
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("eae-eval").experiment_id],
+                               filter_string=f"attributes.run_name = '{run_name}'")
+    return run
+
+
+def test_masked_and_topk_through_the_cli(synth_pretrained, untrained, capsys):
+    tmp, _, uri = synth_pretrained
+    code = cli.main(["eval", "masked", "--model", "models:/eae-world@pretrained", "--data", str(tmp / "data"),
+                     "--split", "dev", "--set", f"eval.mlflow_uri={uri}", "--set", "eval.run_name=masked-world",
+                     "--set", "eval.mask_draws=3"])
+    assert code == 0, capsys.readouterr()
+    run = _metrics(uri, "masked-world")
+    m = run.data.metrics
+    assert run.data.tags["eae.task"] == "eval/masked" and run.data.params["eval.mask_draws"] == "3"
+    assert m["dev/entities"] > 50 and m["dev/tokens"] > m["dev/entities"]
+    base = masked.evaluate_split(load_model(untrained), str(tmp / "data"), "dev", torch.device("cpu"), mask_draws=3)
+    assert base["entities"] == m["dev/entities"]  # the same masks
+    assert m["dev/entity_accuracy"] > base["entity_accuracy"] + 0.05, (m, base)
+    assert m["dev/perplexity"] < base["perplexity"] and m["dev/token_accuracy"] >= base["token_accuracy"]
+
+    code = cli.main(["eval", "topk", "--model", str(tmp / "model"), "--data", str(tmp / "data"), "--split", "dev",
+                     "--ks", "1,100000,all", "--qa-data", f"synth:{tmp / 'world'}", "--set", f"eval.mlflow_uri={uri}",
+                     "--set", "eval.run_name=topk-world"])
+    assert code == 0, capsys.readouterr()
+    m = _metrics(uri, "topk-world").data.metrics
+    for metric in ("entity_accuracy", "token_accuracy", "perplexity", "qa_em"):
+        assert m[f"topk/100000/{metric}"] == m[f"topk/all/{metric}"]  # K >= N retrieves every entity
+        assert 0 <= m[f"topk/1/{metric}"] and f"topk/1/{metric}" in m
+    assert m["topk/1/perplexity"] != m["topk/all/perplexity"]  # K = 1 reads one entity per mention
+    assert m["data/qa_questions"] > 40
+    capsys.readouterr()
+    assert cli.main(["compare", "topk-world", "--mlflow-uri", uri]) == 0
+    table = capsys.readouterr().out
+    assert "Top-K retrieval at inference" in table and f"| all | {100 * m['topk/all/entity_accuracy']:.1f} |" in table
+
+
+def test_lama_probes(synth_pretrained, untrained, tmp_path):
+    tmp, _, uri = synth_pretrained
+    lama_file = tmp_path / "P36.jsonl"
+    lama_file.write_text("\n".join([
+        json.dumps({"sub_label": "Drova", "obj_label": "Paris", "predicate_id": "P36",
+                    "evidences": [{"masked_sentence": "The capital of Drova is [MASK] ."}]}),
+        json.dumps({"obj_label": "Paris", "masked_sentences": ["[MASK] is the capital of France, not [MASK] ."]}),
+        json.dumps({"sub_label": "x", "masked_sentences": ["no answer [MASK] ."]}),
+        "{not json",
+        json.dumps({"obj_label": "Lyon", "masked_sentences": ["Lyon lies in [MASK] ."], "pred": "/people/x/P131"}),
+    ]))
+    probes = load_probes(f"lama:{lama_file}")
+    assert sorted((p.relation, p.text, p.answer, p.subject) for p in probes.probes) == [
+        ("P131", "Lyon lies in [MASK] .", "Lyon", ""), ("P36", "The capital of Drova is [MASK] .", "Paris", "Drova")]
+    assert probes.skipped == {"lama/no_single_mask_sentence": 1, "lama/no_obj_label": 1, "lama/bad_json": 1}
+
+    real = load_probes("geonames,countryinfo,wordnet,bsdgames", max_per_relation=100_000)
+    facts = {(p.source, p.relation, p.subject, p.answer) for p in real.probes}
+    assert ("geonames", "capital", "France", "Paris") in facts
+    assert ("bsdgames", "capital", "Austria", "Vienna") in facts
+    assert ("countryinfo", "region", "Japan", "Asia") in facts
+    assert any(p.source == "wordnet" and p.subject == "Mississippi" and p.answer == "river" for p in real.probes)
+    assert expand_quiz("Andorra la V[ell|iej]a") == ["Andorra la Vella", "Andorra la Vieja"]
+    assert expand_quiz("Del{aware}") == ["Del", "Delaware"]
+
+    results = {}
+    for name, model in (("pretrained", tmp / "model"), ("untrained", untrained)):
+        config = load_eval_config(None, [f"eval.mlflow_uri={uri}", f"eval.run_name=lama-{name}"], task="lama",
+                                  model=str(model), data=f"synth:{tmp / 'world'},lama:{lama_file}")
+        results[name] = lama.run(config)
+    m, base = results["pretrained"]["metrics"], results["untrained"]["metrics"]
+    assert m["lama/synth/entity_probes"] == m["lama/synth/probes"] > 500  # every synthetic answer is an entity
+    assert m["lama/synth/entity_accuracy"] > base["lama/synth/entity_accuracy"] + 0.05, (m, base)
+    assert m["lama/lama/probes"] == 2 and m["lama/lama/entity_probes"] == 0  # real places: not in this vocabulary
+    rows = results["pretrained"]["rows"]
+    assert sum(r["entity_correct"] for r in rows if r["source"] == "synth") == round(
+        m["lama/synth/entity_accuracy"] * m["lama/synth/probes"])
+
+
+def _write_openentity(directory):
+    directory.mkdir()
+    ufet = [{"left_context_token": ["Yesterday", ","], "mention_span": "Drova", "right_context_token": ["won", "."],
+             "y_str": ["location", "country", "place"]},
+            {"left_context_token": [], "mention_span": "she", "right_context_token": ["left"], "y_str": ["woman"]}]
+    for split in ("train", "dev"):
+        (directory / f"{split}.json").write_text("\n".join(json.dumps(r) for r in ufet) + "\n")
+    (directory / "test.json").write_text(json.dumps([{"sent": "The river Vara flows.", "start": 10, "end": 14,
+                                                      "labels": ["location", "object", "river"]}]))
+
+
+def test_typing_and_relation_extraction(synth_pretrained, tmp_path):
+    tmp, _, uri = synth_pretrained
+    spec = f"synth:{tmp / 'world'},{tmp / 'data'}"
+    common = [f"eval.mlflow_uri={uri}", "eval.steps=40", "eval.batch_size=16", "eval.lr=2e-3", "eval.max_examples=300"]
+    typing = entity_typing.run(load_eval_config(None, common, task="typing", model=str(tmp / "model"), data=spec))
+    data, _ = entity_typing.load_typing(spec, 128, 300)
+    gold = sum(len(types) for _, _, types in data["test"])
+    every_type = 2 * gold / (len(data["test"]) * len(typing["labels"]) + gold)  # F1 of predicting all types
+    assert typing["metrics"]["test/micro_f1"] > every_type + 0.1, (typing["metrics"], every_type)
+    assert "person" in typing["labels"] and "city" in typing["labels"]
+
+    rel = relations.run(load_eval_config(None, common, task="relations", model=str(tmp / "model"), data=spec))
+    assert rel["counts"]["data/test_related"] > 10 and "born_in" in rel["labels"]
+    # a context plus four markers over max_length is cut to a window around the pair
+    assert relations.fit_window(130, 120, 129, 122) == (8, 130) and relations.fit_window(100, 0, 99, 122) == (0, 100)
+    assert relations.fit_window(300, 0, 200, 122) is None
+    # predicting the most frequent relation for every pair
+    data, _ = relations.load_relations(spec, 128, 300, 0)
+    gold = [r for *_, r in data["test"]]
+    top = max(set(gold) - {relations.NO_RELATION}, key=gold.count)
+    assert rel["metrics"]["test/f1"] > relations.f1_score([top] * len(gold), gold)["f1"] + 0.1, rel["metrics"]
+
+    # the official formats
+    _write_openentity(tmp_path / "oe")
+    oe, skipped = entity_typing.load_typing(f"openentity:{tmp_path / 'oe'}", 64, 100)
+    assert skipped["no_general_type"] == 2  # "woman" only, in train and dev
+    from eae_model.tokenizer import WordPieceTokenizer
+
+    tok = WordPieceTokenizer()
+    ids, (s, t), labels = oe["train"][0]
+    assert labels == ["location", "place"] and tok.decode(ids[s : t + 1]) == "drova"
+    ids, (s, t), labels = oe["test"][0]
+    assert labels == ["location", "object"] and tok.decode(ids[s : t + 1]) == "vara"
+    tacred = tmp_path / "tacred.json"
+    tacred.write_text(json.dumps([{"id": "1", "relation": "per:city_of_birth", "token": ["Ada", "was", "born", "in",
+                                   "-LRB-", "old", "-RRB-", "London", "."], "subj_start": 0, "subj_end": 0,
+                                   "obj_start": 7, "obj_end": 7},
+                                  {"id": "2", "relation": "no_relation", "token": ["a"], "subj_start": 0, "subj_end": 0,
+                                   "obj_start": 0, "obj_end": 0}]))
+    examples, skipped = relations.load_relations(f"tacred:{tacred},{tacred},{tacred}", 64, 100, 0)
+    assert skipped["bad_spans"] == 3  # overlapping subject and object, once per split
+    ids, a, b, relation = examples["train"][0]
+    assert relation == "per:city_of_birth" and tok.decode(ids[a + 1 : ids.index(tok.token_to_id("[unused1]"))]) == "ada"
+    assert ids[a] == tok.token_to_id("[unused0]") and ids[b] == tok.token_to_id("[unused2]")
+    assert "( old )" in tok.decode(ids) and tok.decode([ids[b + 1]]) == "london"
+
+
+def test_analysis_plots_and_overlap_of_two_qa_runs(synth_pretrained, capsys):
+    from eae_platform.finetune.config import load_finetune_config
+    from eae_platform.finetune.qa import finetune
+
+    tmp, _, uri = synth_pretrained
+    for name, lr in (("qa-eval-a", 1e-3), ("qa-eval-b", 3e-4)):
+        finetune(load_finetune_config(None, [f"finetune.mlflow_uri={uri}", f"finetune.run_name={name}",
+                                             "finetune.log_every=50", "finetune.evaluate_test=false"],
+                                      init=str(tmp / "model"), data=f"synth:{tmp / 'world'}", max_steps=40, lr=lr))
+    common = ["--runs", "qa-eval-a,qa-eval-b", "--split", "dev", "--set", f"eval.mlflow_uri={uri}"]
+    assert cli.main(["eval", "analysis", "--data", str(tmp / "data"), *common, "--set", "eval.bootstrap=200",
+                     "--set", "eval.run_name=analysis-world"]) == 0, capsys.readouterr()
+    run = _metrics(uri, "analysis-world")
+    client = MlflowClient(uri)
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/answer_frequency.png", "plots/question_mentions.png", "plots/question_length.png"} <= plots
+    local = client.download_artifacts(run.info.run_id, "plots/answer_frequency.png")
+    assert open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    m = run.data.metrics
+    predictions = analysis.load_predictions(["qa-eval-a"], "dev", uri)["qa-eval-a"]
+    for view in ("answer_frequency", "question_length", "question_mentions"):
+        n = sum(v for k, v in m.items() if k.startswith(f"analysis/qa-eval-a/{view}/") and k.endswith("/n"))
+        assert n == len(predictions)  # every dev answer resolves in this world: every question has a bucket
+    for key, value in m.items():
+        if key.endswith("/accuracy"):
+            assert m[key[: -len("accuracy")] + "low"] <= value <= m[key[: -len("accuracy")] + "high"]
+    # every synthetic question names its subject, an entity of the vocabulary: few have no mention
+    assert m.get("analysis/qa-eval-a/question_mentions/0/n", 0) < 0.2 * len(predictions)
+
+    assert cli.main(["eval", "overlap", *common, "--set", "eval.run_name=overlap-world"]) == 0, capsys.readouterr()
+    m = _metrics(uri, "overlap-world").data.metrics
+    a = client.get_run(_qa_run_id(client, "qa-eval-a")).data.metrics["dev/em"]
+    b = client.get_run(_qa_run_id(client, "qa-eval-b")).data.metrics["dev/em"]
+    assert m["overlap/a_em"] == pytest.approx(a) and m["overlap/b_em"] == pytest.approx(b)
+    assert max(a, b) <= m["overlap/oracle_accuracy"] <= a + b and m["overlap/both_correct"] <= min(a, b)
+    same = analysis.overlap(predictions, predictions)
+    assert same["overlap/prediction_overlap"] == 1.0 and same["overlap/oracle_accuracy"] == pytest.approx(a)
+
+
+def _qa_run_id(client, name):
+    [run] = client.search_runs([client.get_experiment_by_name("eae-qa").experiment_id],
+                               filter_string=f"attributes.run_name = '{name}'")
+    return run.info.run_id
+
+
+def test_bad_eval_input_is_a_clear_error(synth_pretrained, capsys):
+    tmp, _, uri = synth_pretrained
+    assert cli.main(["eval", "lama", "--model", str(tmp / "model"), "--data", "squad:x"]) == 2
+    assert "unknown probe source 'squad'" in capsys.readouterr().err
+    assert cli.main(["eval", "topk", "--model", str(tmp / "model"), "--ks", "1,0"]) == 2
+    assert "ks must be positive integers or 'all'" in capsys.readouterr().err
+    assert cli.main(["eval", "overlap", "--runs", "only-one", "--set", f"eval.mlflow_uri={uri}"]) == 2
+    assert "exactly 2" in capsys.readouterr().err
+    assert cli.main(["eval", "masked", "--model", str(tmp / "model"), "--data", str(tmp / "world")]) == 2
+    assert "no test shards" in capsys.readouterr().err

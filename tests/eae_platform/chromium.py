@@ -76,7 +76,8 @@ class Browser:
             if value:
                 return value
             time.sleep(0.1)
-        raise TimeoutError(f"waited {timeout} s for {condition}")
+        body = self.evaluate("document.body ? document.body.innerText.slice(0, 500) : ''")
+        raise TimeoutError(f"waited {timeout} s for {condition}; the page shows: {body!r}")
 
     def screenshot(self, path: str | Path) -> Path:
         data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]

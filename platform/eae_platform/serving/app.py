@@ -144,7 +144,7 @@ class EaEModelServer:
         if self.engine is not None:
             return {"ready": True, "model": self.engine.describe(), "batching": self.settings.batching,
                     "max_batch_size": self.settings.max_batch_size}
-        return {"ready": False, "error": self.load_error or "the model is loading",
+        return {"ready": False, "loading": self.load_error is None, "error": self.load_error or "the model is loading",
                 "loading_for_s": round(time.time() - self.started, 1)}
 
     async def _need_engine(self):

@@ -68,9 +68,15 @@ async function ask() {
 }
 $("link").onclick = link;
 $("ask").onclick = ask;
-fetch("readyz").then((r) => r.json()).then((d) => {
-  $("info").textContent = d.ready ? d.model.model + " - " + d.model.entities + " entities, " + d.model.index.kind + " index on " + d.model.index.device : "model not ready: " + (d.error || "loading");
-});
+// Ask until a replica answers ready: the one that answers may still be loading its model
+// (at start, or a replacement after a replica died); a load error is final.
+function describe() {
+  fetch("readyz").then((r) => r.json()).then((d) => {
+    $("info").textContent = d.ready ? d.model.model + " - " + d.model.entities + " entities, " + d.model.index.kind + " index on " + d.model.index.device : "model not ready: " + (d.error || "loading");
+    if (!d.ready && d.loading !== false) setTimeout(describe, 2000);
+  }).catch(() => setTimeout(describe, 2000));
+}
+describe();
 const params = new URLSearchParams(location.search);
 if (params.get("text")) { $("text").value = params.get("text"); link(); }
 if (params.get("question")) { $("question").value = params.get("question"); ask(); }

@@ -174,6 +174,28 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(raw) if raw.strip() else None
 
 
+def section_values(cls, section: str, path: str | Path | None = None, overrides: list[str] | None = None,
+                   **values: Any) -> dict[str, Any]:
+    """The raw values of a one-section config file for dataclass `cls`: the YAML file's
+    `<section>:` mapping, then keyword values that are not None (command-line flags), then
+    `<section>.key=value` overrides. Unknown override keys are errors."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict) or set(loaded) - {section}:
+            raise ValueError(f"{path}: expected one top-level section `{section}:`")
+        data = dict(loaded.get(section) or {})
+    data.update({k: v for k, v in values.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(cls)}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        prefix, _, name = key.partition(".")
+        if prefix != section or name not in known:
+            raise ValueError(f"override {key!r} must be {section}.<key> (one of {', '.join(sorted(known))})")
+        data[name] = value
+    return data
+
+
 def load_config(
     preset: str | None = None, path: str | Path | None = None, overrides: list[str] | None = None
 ) -> EaEConfig:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from eae_model.config import coerce_fields, parse_override
+from eae_model.config import coerce_fields, section_values
 
 TASKS = ("masked", "topk", "lama", "typing", "relations", "analysis", "overlap")
 SPLITS = ("train", "dev", "test")
@@ -94,20 +93,7 @@ class EvalConfig:
 def load_eval_config(path: str | Path | None = None, overrides: list[str] | None = None, **values: Any) -> EvalConfig:
     """YAML file (section `eval:`), then keyword values (command-line flags), then
     `eval.key=value` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict) or set(loaded) - {"eval"}:
-            raise ValueError(f"{path}: expected one top-level section `eval:`")
-        data = dict(loaded.get("eval") or {})
-    data.update({k: v for k, v in values.items() if v is not None})
-    known = {f.name for f in dataclasses.fields(EvalConfig)}
-    for text in overrides or []:
-        key, value = parse_override(text)
-        section, _, name = key.partition(".")
-        if section != "eval" or name not in known:
-            raise ValueError(f"override {key!r} must be eval.<key> (one of {', '.join(sorted(known))})")
-        data[name] = value
+    data = section_values(EvalConfig, "eval", path, overrides, **values)
     if isinstance(data.get("ks"), (list, tuple)):
         data["ks"] = ",".join(str(k) for k in data["ks"])
     elif data.get("ks") is not None:

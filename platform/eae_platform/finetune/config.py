@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from eae_model.config import coerce_fields, parse_override
+from eae_model.config import coerce_fields, section_values
 
 MENTION_SOURCES = ("alias", "none")
 
@@ -85,20 +84,7 @@ def load_finetune_config(path: str | Path | None = None, overrides: list[str] | 
                          **values: Any) -> FinetuneConfig:
     """YAML file (section `finetune:`), then keyword values (command-line flags), then
     `finetune.key=value` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict) or set(loaded) - {"finetune"}:
-            raise ValueError(f"{path}: expected one top-level section `finetune:`")
-        data = dict(loaded.get("finetune") or {})
-    data.update({k: v for k, v in values.items() if v is not None})
-    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
-    for text in overrides or []:
-        key, value = parse_override(text)
-        section, _, name = key.partition(".")
-        if section != "finetune" or name not in known:
-            raise ValueError(f"override {key!r} must be finetune.<key> (one of {', '.join(sorted(known))})")
-        data[name] = value
+    data = section_values(FinetuneConfig, "finetune", path, overrides, **values)
     return finetune_config_from(data)
 
 

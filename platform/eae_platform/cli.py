@@ -101,10 +101,31 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_in_ray_task(fn, config, args: argparse.Namespace):
+    """fn(config) as a Ray task of args.cpus CPUs (torch's threads too) and args.gpus GPUs
+    (default: 1 when the cluster has one), on the cluster of --address / RAY_ADDRESS (else a
+    new local one). A bad-input error inside the task is raised as itself, without Ray's wrapping."""
+    from eae_platform.ray_session import connect
+
+    ray = connect(args.address)
+    cpus = args.cpus
+    gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
+
+    def task(config):
+        import torch
+
+        torch.set_num_threads(max(1, int(cpus)))
+        return fn(config)
+
+    try:
+        return ray.get(ray.remote(num_cpus=cpus, num_gpus=gpus)(task).remote(config))
+    except ray.exceptions.RayTaskError as error:
+        raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError, LookupError)) else error
+
+
 def _finetune_qa(args: argparse.Namespace) -> int:
     from eae_platform.finetune.config import absolute_paths, load_finetune_config
     from eae_platform.finetune.qa import finetune
-    from eae_platform.ray_session import connect
     from eae_platform.tracking import tracking_uri
 
     config = load_finetune_config(args.config, args.set, init=args.init, data=args.data, out=args.out,
@@ -113,19 +134,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     # Resolved here: the task may run in another directory (or on another node of a cluster).
     config = absolute_paths(config)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
-    ray = connect(args.address)
-    gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
-
-    def task(config):
-        import torch
-
-        torch.set_num_threads(max(1, int(args.cpus)))
-        return finetune(config)
-
-    try:
-        summary = ray.get(ray.remote(num_cpus=args.cpus, num_gpus=gpus)(task).remote(config))
-    except ray.exceptions.RayTaskError as error:  # the task's own error, without Ray's wrapping
-        raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError)) else error
+    summary = _run_in_ray_task(finetune, config, args)
     m, c = summary["metrics"], summary["counts"]
     print(f"fine-tuned {summary['steps']} steps on {c['data/train_resolved']:,.0f} resolved training questions "
           f"({c['data/train_dropped_unresolved']:,.0f} unresolved dropped)")
@@ -142,7 +151,6 @@ def _finetune_qa(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from eae_platform.evaluate import run
     from eae_platform.evaluate.config import load_eval_config
-    from eae_platform.ray_session import connect
     from eae_platform.tracking import tracking_uri
 
     config = load_eval_config(args.config, args.set, task=args.task, model=args.model, data=args.data,
@@ -150,21 +158,13 @@ def _eval(args: argparse.Namespace) -> int:
                               ks=args.ks)
     config = _absolute(config)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
-    ray = connect(args.address)
-    gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
 
-    def task(config):
-        import torch
-
-        torch.set_num_threads(max(1, int(args.cpus)))
+    def evaluate(config):
         summary = run(config)
         summary.pop("rows", None)  # per-example rows stay in MLflow's artifacts
         return summary
 
-    try:
-        summary = ray.get(ray.remote(num_cpus=args.cpus, num_gpus=gpus)(task).remote(config))
-    except ray.exceptions.RayTaskError as error:  # the task's own error, without Ray's wrapping
-        raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError, LookupError)) else error
+    summary = _run_in_ray_task(evaluate, config, args)
     for key, value in sorted(summary["metrics"].items()):
         print(f"{key:<60} {value:.4f}" if isinstance(value, float) else f"{key:<60} {value}")
     for key, value in sorted((summary.get("skipped") or {}).items()):

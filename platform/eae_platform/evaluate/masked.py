@@ -14,7 +14,6 @@ Models without EntityPred (MM) have no entity accuracy.
 from __future__ import annotations
 
 import itertools
-import math
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -22,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from eae_model.constants import NULL_ENTITY
+from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data
 
@@ -56,25 +55,8 @@ def masked_metrics(model: EaEModel, batches, device: torch.device, k: int | None
     for batch in batches:
         batch = batch.to(device)
         out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels, **kwargs)
-        if out.mlm_logits is not None and out.mlm_logits.numel():
-            targets = batch.mlm_labels[out.mlm_positions]
-            logits = out.mlm_logits.float()
-            sums["token_nll"] += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-            sums["token_correct"] += float((logits.argmax(-1) == targets).sum())
-            sums["tokens"] += targets.numel()
-        if out.entity_queries is not None and len(batch.mentions.starts):
-            masked = batch.input_ids[batch.mentions.batch_ids, batch.mentions.starts] == model.config.mask_token_id
-            linked = masked & (batch.mentions.entity_ids != NULL_ENTITY)
-            _, top = model.entity_table.top_k(out.entity_queries.float(), 1)
-            sums["entity_correct"] += float(((top[:, 0] == batch.mentions.entity_ids) & linked).sum())
-            sums["entities"] += float(linked.sum())
-    metrics = {"tokens": sums["tokens"], "entities": sums["entities"]}
-    if sums["tokens"]:
-        metrics["token_accuracy"] = sums["token_correct"] / sums["tokens"]
-        metrics["perplexity"] = math.exp(min(sums["token_nll"] / sums["tokens"], 50.0))
-    if sums["entities"]:
-        metrics["entity_accuracy"] = sums["entity_correct"] / sums["entities"]
-    return metrics
+        add_masked_prediction(sums, model, out, batch.input_ids, batch.mentions, batch.mlm_labels)
+    return {"tokens": sums["tokens"], "entities": sums["entities"], **masked_prediction_metrics(sums)}
 
 
 def evaluate_split(model: EaEModel, data_dir: str, split: str, device: torch.device, batch_size: int = 32,

@@ -31,7 +31,6 @@ import torch
 from eae_model.aliases import AliasMatcher
 from eae_model.checkpoint import VOCAB_FILES, load_model, save_model
 from eae_model.config import EaEConfig
-from eae_model.constants import NULL_ENTITY
 from eae_model.model import EaEModel
 from eae_model.mentions import Mentions
 from eae_model.qa.encode import EncodedQuestion, QAEncoder

@@ -10,7 +10,6 @@ gradient norm (replicated part + every shard's part), Adam step, scheduler step.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from eae_model.checkpoint import VOCAB_FILES
-from eae_model.constants import NULL_ENTITY
+from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data, state
 from eae_platform.pretrain.config import PretrainConfig
@@ -114,26 +113,11 @@ def evaluate(model: EaEModel, config: PretrainConfig, rank: int, world_size: int
     for batch in batches:
         batch = batch.to(device)
         out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
-        if out.mlm_logits is not None and out.mlm_logits.numel():
-            targets = batch.mlm_labels[out.mlm_positions]
-            sums["token_nll"] += float(torch.nn.functional.cross_entropy(out.mlm_logits.float(), targets, reduction="sum"))
-            sums["token_correct"] += float((out.mlm_logits.argmax(-1) == targets).sum())
-            sums["tokens"] += targets.numel()
-        if out.entity_queries is not None:
-            masked = batch.input_ids[batch.mentions.batch_ids, batch.mentions.starts] == config.model.mask_token_id
-            linked = masked & (batch.mentions.entity_ids != NULL_ENTITY)
-            _, top = model.entity_table.top_k(out.entity_queries, 1)
-            sums["entity_correct"] += float(((top[:, 0] == batch.mentions.entity_ids) & linked).sum())
-            sums["entities"] += float(linked.sum())
+        add_masked_prediction(sums, model, out, batch.input_ids, batch.mentions, batch.mlm_labels)
     model.train()
-    sums = _sum_over_workers({k: sums[k] for k in ("token_nll", "token_correct", "tokens", "entity_correct", "entities")})
-    metrics = {}
-    if sums["tokens"]:
-        metrics["dev_token_acc"] = sums["token_correct"] / sums["tokens"]
-        metrics["dev_ppl"] = math.exp(min(sums["token_nll"] / sums["tokens"], 50.0))
-    if sums["entities"]:
-        metrics["dev_entity_acc"] = sums["entity_correct"] / sums["entities"]
-    return metrics
+    metrics = masked_prediction_metrics(_sum_over_workers({k: sums[k] for k in SUM_KEYS}))
+    names = {"token_accuracy": "dev_token_acc", "perplexity": "dev_ppl", "entity_accuracy": "dev_entity_acc"}
+    return {names[k]: v for k, v in metrics.items()}
 
 
 def train_loop_per_worker(config_dict: dict) -> None:

@@ -3,15 +3,23 @@
 `chunked_top_k` (any device, the reference): per block of rows of E, the block's top-k, merged
 with the running top-k.
 
-`group_top_k` (CUDA, Triton), for serving: one fused pass over E keeps, per query, only the
-best score of each group of G consecutive rows ([M, N / G] maxima) and of each 128-row
-super-group; the [M, N] scores never reach memory. The k-th largest group maximum is a lower
-bound of the k-th best score (those k maxima are k distinct rows), so every row of the true
-top-k lies in one of the k best groups. The best k + slack groups (slack absorbs rounding
-differences between the two passes) are found by a two-level top-k (super-groups first, then
-the groups of the best super-groups), their (k + slack) G rows are rescored in float32, and
-the top-k of those is the answer: exact by construction, no fallback. (Earlier versions and
-their H100 figures: docs/performance.md.)
+`tile_top_k` (Triton; CUDA, or CPU under Triton's interpreter), for serving: one fused pass
+over E (eae_model.triton_kernels.tile_top2) keeps, per query and tile of 128 rows, only the
+best score, its row and the second-best score; the [M, N] scores never reach memory. Then:
+
+- v, the k-th largest tile maximum, bounds the k-th best score from below (those k maxima
+  are k distinct rows). With eps bounding the pass's float error, every row of the true
+  top-k scores >= tau = v - 2 eps in the pass.
+- A tile whose best score is < tau holds none of them; one whose second-best is < tau holds
+  at most its best row; only a tile with two scores >= tau ("flagged") must be read whole.
+- The candidates, the best rows of the best k + slack tiles and every row of flagged tiles,
+  are rescored in float32 and their top-k is the answer.
+
+For random queries about k^2 / (2 N / 128) tiles per query are flagged (0.6 for top-100 of
+1M), so ~180 rows are rescored instead of N. A query whose tiles above tau do not fit the
+k + slack best tiles, or with more flagged tiles than `max_flagged`, is answered by
+`chunked_top_k` instead (counted in `STATS`): exact either way. (Earlier
+versions and their H100 figures: docs/performance.md.)
 """
 
 from __future__ import annotations
@@ -34,30 +42,69 @@ def chunked_top_k(h: torch.Tensor, E: torch.Tensor, k: int, chunk_rows: int = 65
     return vals, ids
 
 
+def error_bound(h: torch.Tensor, E: torch.Tensor, row_norm_max: float | None = None) -> torch.Tensor:
+    """[M] float32: a bound on |pass score - rescored score| per query. Both are float32 sums
+    of d exact products (bf16 x bf16 fits in float32): a rounded sum is within
+    d 2^-24 sum_i |q_i e_i| <= d 2^-24 |q| max_j |E_j| of the exact value, twice that if the
+    tensor cores truncate instead of rounding; two such sums: d 2^-22 |q| max_j |E_j|."""
+    if row_norm_max is None:
+        row_norm_max = float(E.float().norm(dim=1).max()) if E.shape[0] else 0.0
+    return h.float().norm(dim=1) * row_norm_max * (h.shape[1] * 2.0**-22) + 1e-30
+
+
+STATS = {"fallbacks": 0}  # queries tile_top_k answered with chunked_top_k (bench and tests read it)
+
+
 @torch.no_grad()
-def group_top_k(
-    h: torch.Tensor, E: torch.Tensor, k: int, group: int = 16, slack: int = 8, query_block: int = 16384
+def tile_top_k(
+    h: torch.Tensor, E: torch.Tensor, k: int, slack: int = 16, max_flagged: int = 16, query_block: int = 16384,
+    row_norm_max: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h [M, d], E [N, d] on CUDA (bf16 for speed) -> (scores [M, k] fp32, ids [M, k] int64)."""
-    from eae_model.triton_kernels import SUPER_ROWS, group_maxima, rescore
+    """h [M, d], E [N, d] (bf16 for speed; CUDA, or CPU under TRITON_INTERPRET=1) ->
+    (scores [M, k] float32, ids [M, k] int64), sorted descending. row_norm_max: max_j |E_j|,
+    if the caller keeps it (else computed, one pass over E)."""
+    from eae_model.triton_kernels import TILE_ROWS, rescore, tile_top2
 
     N = E.shape[0]
     k = min(k, N)
-    per = SUPER_ROWS // group
+    if N < (k + slack) * TILE_ROWS:  # a small table: the reference is as cheap
+        return chunked_top_k(h, E, k)
+    if row_norm_max is None:
+        row_norm_max = float(E.float().norm(dim=1).max()) if N else 0.0
     out_v, out_i = [], []
+    rows_in_tile = torch.arange(TILE_ROWS, device=h.device)
     for a in range(0, h.shape[0], query_block):
         q = h[a : a + query_block].contiguous()
-        gmax, smax = group_maxima(q, E, group)  # [Mq, NG], [Mq, NS]
-        NG = gmax.shape[1]
-        kg = min(k + slack, NG)
-        # The best k_g super-groups hold the best k_g groups (the same argument, one level up).
-        supers = smax.topk(min(kg, smax.shape[1]), dim=1).indices
-        gids = (supers[:, :, None] * per + torch.arange(per, device=q.device)).flatten(1)
-        gvals = gmax.gather(1, gids.clamp(max=NG - 1)).masked_fill_(gids >= NG, -torch.inf)
-        groups = gids.gather(1, gvals.topk(kg, dim=1).indices)  # [Mq, kg]
-        cand = (groups[:, :, None] * group + torch.arange(group, device=q.device)).flatten(1)
-        scores = rescore(q, E, cand)  # ids past N score -inf
+        tmax, targ, tsec = tile_top2(q, E)  # [Mq, NT] each
+        NT = tmax.shape[1]
+        kt = k + slack
+        best, tiles = tmax.topk(kt, dim=1)  # the best kt tiles, sorted
+        tau = best[:, k - 1] - 2 * error_bound(q, E, row_norm_max)
+        complete = best[:, -1] < tau  # every tile with a score >= tau is among the kt taken
+        above = best >= tau[:, None]
+        flagged = above & (tsec.gather(1, tiles) >= tau[:, None])  # two rows >= tau: read whole
+        n_flagged = flagged.sum(1)
+        F = min(int(n_flagged.max()) if q.shape[0] else 0, max_flagged)
+        ok = complete & (n_flagged <= F)
+        # Candidates: the best row of each tile above tau that is not flagged, and every row of
+        # the (at most F) flagged tiles; N marks "no candidate" (not read, scores -inf).
+        best_rows = torch.where(above & ~flagged, targ.gather(1, tiles).long(), N)
+        cands = [best_rows]
+        if F:
+            order = flagged.to(torch.int32).topk(F, dim=1)  # flagged tiles first
+            ftiles = torch.where(order.values.bool(), tiles.gather(1, order.indices), -1)  # [Mq, F]
+            rows = ftiles[:, :, None] * TILE_ROWS + rows_in_tile
+            cands.append(torch.where((ftiles[:, :, None] >= 0) & (rows < N), rows, N).flatten(1))
+        cand = torch.cat(cands, 1)
+        scores = rescore(q, E, cand)
         vals, j = scores.topk(k, dim=1)
+        ids = cand.gather(1, j)
+        bad = (~ok).nonzero(as_tuple=True)[0]
+        if bad.numel():
+            STATS["fallbacks"] += bad.numel()
+            vals[bad], ids[bad] = chunked_top_k(q[bad], E, k)
         out_v.append(vals)
-        out_i.append(cand.gather(1, j))
+        out_i.append(ids)
+    if not out_v:
+        return torch.empty(0, k, device=h.device), torch.empty(0, k, dtype=torch.long, device=h.device)
     return torch.cat(out_v), torch.cat(out_i)

@@ -111,6 +111,26 @@ def compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(h.dtype, weight.dtype)
 
 
+def cast_rows(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`weight` (the float32 entity table) detached, contiguous, in `dtype` (the kernels' bf16).
+
+    A step reads the table up to four times (the memory and EntityPred, forward and backward;
+    the sharded table casts in both), and each cast of 1M x 256 floats moves 1.5 GB. The cast
+    is therefore kept on the parameter and reused until the parameter changes: every in-place
+    update (an optimizer step, copy_, add_) moves its version counter, which is part of the key."""
+    w = weight.detach()
+    if w.dtype == dtype and w.is_contiguous():
+        return w
+    key = (dtype, weight._version, w.data_ptr(), tuple(w.shape))
+    cached = getattr(weight, "_eae_cast", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    out = w.to(dtype).contiguous()
+    if isinstance(weight, torch.nn.Parameter):
+        weight._eae_cast = (key, out)
+    return out
+
+
 class _BlockAttention(torch.autograd.Function):
     """(h [M, d], E [N, d], targets [M] or None) -> (R [M, d] or empty, lse [M], gold [M] or
     empty); saves only h, E (in the compute dtype), R and lse. The gold score h . E_t is
@@ -119,7 +139,7 @@ class _BlockAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, retrieve: bool, impl: str, chunk_rows: int, cd: torch.dtype):
-        H, E = h.detach().to(cd).contiguous(), weight.detach().to(cd).contiguous()
+        H, E = h.detach().to(cd).contiguous(), cast_rows(weight, cd)
         # R also when only lse is returned: the backward then gets dH = g o R for free.
         R, lse = block_forward(H, E, True, impl, chunk_rows)
         gold = lse.new_empty(0)

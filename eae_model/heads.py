@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eae_model.constants import NULL_ENTITY
 from eae_model.entity_table import EntityTable, TableOutput
 from eae_model.memory import span_representation
 from eae_model.mentions import Mentions
@@ -48,6 +49,12 @@ class EntityPredHead(nn.Module):
     def forward(
         self, x4: torch.Tensor, mentions: Mentions, table: EntityTable, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, TableOutput]:
-        """x4 [B, L, H], M mentions -> (h' [M, d], the table's scores and EL loss for targets)."""
+        """x4 [B, L, H], M mentions -> (h' [M, d], the table's output). Without targets the
+        table scores all M mentions; with targets [M] it scores only the linked ones
+        (target != NULL_ENTITY), the only mentions the EL loss reads: in pretraining about
+        half, and each costs a pass over all N rows forward and backward."""
         h = self.project_query(span_representation(x4, mentions))
-        return h, table.attend(h, None, targets, retrieve=False)
+        if targets is None:
+            return h, table.attend(h, None, None, retrieve=False)
+        linked = (targets != NULL_ENTITY).nonzero(as_tuple=True)[0]
+        return h, table.attend(h[linked], None, targets[linked], retrieve=False)

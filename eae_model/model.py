@@ -39,7 +39,7 @@ class EaEOutput:
     mentions: Mentions  # the spans used: given (training) or decoded (inference)
     bio_logits: torch.Tensor | None = None  # [B, L, 3]
     memory: MemoryOutput | None = None
-    entity_pred: TableOutput | None = None  # EntityPred's EL loss (and dense logits)
+    entity_pred: TableOutput | None = None  # EntityPred's EL loss (and dense logits: linked mentions only when targets are given)
     entity_queries: torch.Tensor | None = None  # EntityPred's h', [M, d]
     mlm_positions: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch, position) of targets
     mlm_logits: torch.Tensor | None = None  # [T, V] at mlm_positions

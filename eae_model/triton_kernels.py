@@ -1,6 +1,6 @@
 """Triton kernels for the entity table on GPUs: the fused full-softmax memory (forward and
 recompute backward, the interface of eae_model.fused_memory.block_forward/block_backward) and
-the passes of exact top-k search (eae_model.exact_topk.group_top_k).
+the passes of exact top-k search (eae_model.exact_topk.tile_top_k).
 
 Shapes are the paper's: few queries (M ~ 1k mentions per step) against many rows (N = 1M),
 d = 256. So the work is split over N, flash-decoding style: a program owns BLOCK_M queries and
@@ -14,6 +14,7 @@ Imported only when memory_impl=triton (or the GPU top-k) is used: needs triton a
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -196,58 +197,91 @@ def memory_backward(H, E, dO, lse, delta, need_dh: bool = True):
 # ----------------------------------------------------------------------------- exact top-k
 
 
-SUPER_ROWS = 128  # rows per super-group (the first level of the top-k selection)
+TILE_ROWS = 128  # rows of E per tile: the pass keeps each query's best row and second-best score per tile
 
-
-_GROUP_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-    for bm, bn, bk, w, st in [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
-                              (256, 128, 64, 8, 3), (128, 128, 128, 8, 3)]
+# FLAT: one loop over (tile, K chunk) that Triton software-pipelines, the epilogue on each
+# tile's last chunk (the persistent-matmul pattern). RESIDENT: the query block is loaded once
+# and each tile is one whole-K dot. Small tiles with few warps let two programs share an SM,
+# so one program's epilogue overlaps the other's tensor-core work.
+_TILE_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "RESIDENT": res}, num_warps=w, num_stages=st)
+    for bm, bk, res, w, st in [
+        (128, 64, False, 8, 3), (128, 64, False, 8, 4), (128, 64, False, 4, 3), (128, 128, False, 8, 3),
+        (256, 64, False, 8, 3), (64, 64, False, 4, 4),
+        (128, 256, True, 8, 2), (128, 256, True, 8, 3), (64, 256, True, 4, 3),
+    ]
 ]
 
 
-@triton.autotune(configs=_GROUP_CONFIGS, key=["D", "G", "ROWS"])
+if os.environ.get("TRITON_INTERPRET") == "1":  # CPU tests: one config (d <= 256), no timing runs
+    _TILE_CONFIGS = [c for c in _TILE_CONFIGS if c.kwargs["RESIDENT"]][-1:]
+
+
+def _prune_tile_configs(configs, named_args, **kwargs):
+    """Configs that fit d: FLAT needs BLOCK_K dividing d; RESIDENT keeps [BLOCK_M, d] in
+    registers, so d <= 256."""
+    d = kwargs.get("D", named_args.get("D"))
+    return [c for c in configs if (d <= 256 if c.kwargs["RESIDENT"] else d % c.kwargs["BLOCK_K"] == 0)]
+
+
+@triton.autotune(configs=_TILE_CONFIGS, key=["D", "ROWS"], prune_configs_by={"early_config_prune": _prune_tile_configs})
 @triton.jit
-def _group_max_kernel(H, E, GMAX, SMAX, M, N, NG, NS, ROWS, D: tl.constexpr, G: tl.constexpr, S: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (query block, slice of ROWS rows): each query's best score in every group of G
-    consecutive rows of E (GMAX [M, NG]) and in every super-group of S rows (SMAX [M, NS]),
-    float32; scores never leave the chip. One flat loop over (row tile, K chunk), which
-    Triton software-pipelines, with the epilogue on each tile's last chunk (the persistent
-    matmul pattern: measured 1.17x faster on an H100 than a loop over tiles doing the whole
-    K = d in one dot)."""
+def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, N, NT, ROWS, TILES: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RESIDENT: tl.constexpr):
+    """Program (query block, slice of ROWS = TILES x T rows): for every query and every tile of
+    T rows of E, the best score (TMAX), its row (TARG) and the second-best score (TSEC),
+    [M, NT] each; the scores themselves never leave the chip. (The loops run TILES times in
+    every slice, the last slice's extra tiles masked: a host-side bound, which Triton's
+    interpreter needs.)"""
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_t = tl.arange(0, T)
     q_ok = offs_m < M
     start = pid_s * ROWS
     end = tl.minimum(start + ROWS, N)
-    KT: tl.constexpr = D // BLOCK_K
-    tiles = tl.cdiv(end - start, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for it in range(0, tiles * KT):
-        kk = it % KT
-        n0 = start + (it // KT) * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        a = tl.load(H + offs_m[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=q_ok[:, None], other=0.0)
-        b = tl.load(E + offs_n[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=offs_n[:, None] < end, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)
-        if kk == KT - 1:
-            s = tl.where(offs_n[None, :] < end, acc, -float("inf"))
-            best = tl.max(tl.reshape(s, (BLOCK_M, BLOCK_N // G, G)), axis=2)
-            offs_g = n0 // G + tl.arange(0, BLOCK_N // G)
-            tl.store(GMAX + offs_m[:, None] * NG + offs_g[None, :], best, mask=q_ok[:, None] & (offs_g[None, :] < NG))
-            sup = tl.max(tl.reshape(best, (BLOCK_M, BLOCK_N // S, S // G)), axis=2)
-            offs_s = n0 // S + tl.arange(0, BLOCK_N // S)
-            tl.store(SMAX + offs_m[:, None] * NS + offs_s[None, :], sup, mask=q_ok[:, None] & (offs_s[None, :] < NS))
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if RESIDENT:
+        offs_d = tl.arange(0, D)
+        q = tl.load(H + offs_m[:, None] * D + offs_d[None, :], mask=q_ok[:, None], other=0.0)
+        for t in range(0, TILES):
+            n0 = start + t * T
+            offs_n = n0 + offs_t
+            e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
+            s = tl.where(offs_n[None, :] < end, tl.dot(q, tl.trans(e)), -float("inf"))
+            best, arg = tl.max(s, axis=1, return_indices=True)
+            second = tl.max(tl.where(offs_t[None, :] == arg[:, None], -float("inf"), s), axis=1)
+            out = offs_m * NT + n0 // T
+            ok = q_ok & (n0 < end)
+            tl.store(TMAX + out, best, mask=ok)
+            tl.store(TARG + out, n0 + arg, mask=ok)
+            tl.store(TSEC + out, second, mask=ok)
+    else:
+        KT: tl.constexpr = D // BLOCK_K
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, T], tl.float32)
+        for it in range(0, TILES * KT):
+            kk = it % KT
+            n0 = start + (it // KT) * T
+            offs_n = n0 + offs_t
+            a = tl.load(H + offs_m[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=q_ok[:, None], other=0.0)
+            b = tl.load(E + offs_n[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=offs_n[:, None] < end, other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc)
+            if kk == KT - 1:
+                s = tl.where(offs_n[None, :] < end, acc, -float("inf"))
+                best, arg = tl.max(s, axis=1, return_indices=True)
+                second = tl.max(tl.where(offs_t[None, :] == arg[:, None], -float("inf"), s), axis=1)
+                out = offs_m * NT + n0 // T
+                ok = q_ok & (n0 < end)
+                tl.store(TMAX + out, best, mask=ok)
+                tl.store(TARG + out, n0 + arg, mask=ok)
+                tl.store(TSEC + out, second, mask=ok)
+                acc = tl.zeros([BLOCK_M, T], tl.float32)
 
 
 @triton.jit
 def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexpr):
     """Program (query i, block of its candidates): OUT[i, c] = H_i . E_CAND[i, c] in float32
-    (-inf where the candidate id is past the table)."""
+    (-inf where the candidate id is past the table: such rows are not read)."""
     i = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, D)
@@ -260,30 +294,39 @@ def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexp
     tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
 
 
-def group_maxima(H: torch.Tensor, E: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's best score per group of `group` rows, [M, ceil(N / group)], and per
-    super-group of SUPER_ROWS rows, [M, ceil(N / SUPER_ROWS)]; float32."""
-    _check(H, E)
-    if SUPER_ROWS % group or group & (group - 1):
-        raise ValueError(f"group must be a power of two dividing {SUPER_ROWS}, got {group}")
-    M, D = H.shape
-    N = E.shape[0]
-    NG, NS = triton.cdiv(N, group), triton.cdiv(N, SUPER_ROWS)
-    sms = torch.cuda.get_device_properties(H.device).multi_processor_count
-    splits = max(1, min(math.ceil(2 * sms / math.ceil(M / 128)), NS))
-    rows = math.ceil(N / splits / 256) * 256  # a multiple of every BLOCK_N and of SUPER_ROWS
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # Triton's interpreter (CPU tests): any split works
+
+
+def tile_top2(H: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """H [M, d], E [N, d] -> per query and tile of TILE_ROWS rows: (best score [M, NT] fp32,
+    its row id [M, NT] int32, second-best score [M, NT] fp32), NT = ceil(N / TILE_ROWS)."""
+    d = H.shape[1]
+    if E.shape[1] != d or d & (d - 1) or d < 16:
+        raise ValueError(f"entity dim must be a power of two >= 16 for the Triton kernels, got {d}")
+    M, N = H.shape[0], E.shape[0]
+    NT = triton.cdiv(N, TILE_ROWS)
+    # About two programs per SM: slices of E side by side for the query blocks.
+    splits = max(1, min(math.ceil(2 * _sm_count(H.device) / math.ceil(M / 128)), NT))
+    rows = math.ceil(N / splits / 256) * 256  # a multiple of TILE_ROWS
     splits = math.ceil(N / rows)
-    gmax = torch.empty(M, NG, device=H.device, dtype=torch.float32)
-    smax = torch.empty(M, NS, device=H.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-    _group_max_kernel[grid](H, E, gmax, smax, M, N, NG, NS, rows, D=D, G=group, S=SUPER_ROWS)
-    return gmax, smax
+    tmax = torch.empty(M, NT, device=H.device, dtype=torch.float32)
+    targ = torch.empty(M, NT, device=H.device, dtype=torch.int32)
+    tsec = torch.empty(M, NT, device=H.device, dtype=torch.float32)
+    if M:
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
+        _tile_top2_kernel[grid](H.contiguous(), E.contiguous(), tmax, targ, tsec, M, N, NT, rows, rows // TILE_ROWS,
+                                D=d, T=TILE_ROWS)
+    return tmax, targ, tsec
 
 
 def rescore(H: torch.Tensor, E: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
-    """H [M, d], candidate row ids [M, C] -> float32 scores [M, C]."""
+    """H [M, d], candidate row ids [M, C] (ids >= N: none) -> float32 scores [M, C]."""
     M, C = cand.shape
     out = torch.empty(M, C, device=H.device, dtype=torch.float32)
-    cand = cand.to(torch.int32).contiguous()
-    _rescore_kernel[(M, triton.cdiv(C, 128))](H, E, cand, out, C, E.shape[0], D=H.shape[1], BLOCK_C=128)
+    if M and C:
+        cand = cand.to(torch.int32).contiguous()
+        _rescore_kernel[(M, triton.cdiv(C, 128))](H.contiguous(), E, cand, out, C, E.shape[0], D=H.shape[1], BLOCK_C=128)
     return out

@@ -89,15 +89,17 @@ def bert_flops(c: EaEConfig, tokens: int, length: int) -> float:
     return transformer_flops(c, tokens, length, c.l0 + c.l1) + 3 * tokens * head
 
 
-def eae_flops(c: EaEConfig, tokens: int, length: int, mentions: int, masked_tokens: int) -> float:
-    """What EaE computes: the layers, TokenPred at masked tokens, and per mention the memory
-    (scores + weighted sum over N rows, projections) and EntityPred (scores over N rows)."""
+def eae_flops(c: EaEConfig, tokens: int, length: int, mentions: int, masked_tokens: int, linked: int) -> float:
+    """What EaE computes: the layers, TokenPred at masked tokens, per mention the memory
+    (scores + weighted sum over N rows) and projections, and per linked mention EntityPred's
+    scores over N rows (its EL loss reads no other mention)."""
     head = 2 * (c.hidden_size**2 + c.hidden_size * c.vocab_size)
     table = 2 * c.num_entities * c.entity_dim
     projections = 2 * (2 * c.hidden_size * c.entity_dim) * 2 + 2 * c.entity_dim * c.hidden_size
-    memory = (2 * table if c.use_entity_memory else 0) + (table if c.use_entity_pred else 0)
+    memory = 2 * table if c.use_entity_memory else 0
+    entity_pred = table if c.use_entity_pred else 0
     return (transformer_flops(c, tokens, length, c.l0 + c.l1) + 3 * masked_tokens * head
-            + 3 * mentions * (memory + projections))
+            + 3 * mentions * (memory + projections) + 3 * linked * entity_pred)
 
 
 # ----------------------------------------------------------------------------- step
@@ -158,6 +160,7 @@ def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides:
     ids, labels, mentions = make_batch(batch, base.max_length, base.num_entities, base.vocab_size, device)
     tokens, M = ids.numel(), len(mentions)
     masked = int((labels != IGNORE).sum())
+    linked = int((mentions.entity_ids >= 0).sum())
     peak = peak_flops()
     print(f"device {device_name(device)}, torch {torch.__version__}, preset {preset}, batch {batch} x {base.max_length}"
           f" = {tokens:,} tokens, {M} mentions ({M / batch:.2f}/context), entities {base.num_entities:,} x "
@@ -177,7 +180,7 @@ def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides:
         else:
             config = load_config(preset, overrides=overrides + [f"memory_impl={impl}"])
             step, keep = _eae_step(config, ids, labels, mentions, device, is_sharded, compile)
-            flops = eae_flops(config, tokens, config.max_length, M, masked)
+            flops = eae_flops(config, tokens, config.max_length, M, masked, linked)
         seconds, mem = timed(step, steps, device)
         del step, keep
         if device.type == "cuda":
@@ -272,22 +275,22 @@ def bench_memory(mentions: int, entities: int, dim: int, reps: int = 10) -> dict
 
 
 def bench_topk(queries: int, entities: int, dim: int, k: int, check: int, reps: int = 3) -> dict:
-    """Exact top-k over a bf16 table: naive topk of full score rows and the group-maxima
-    kernel (groups of 16 and 8 rows); recall of each against a float32 brute force on `check`
-    queries."""
-    from eae_model.exact_topk import chunked_top_k, group_top_k
-    from eae_model.triton_kernels import group_maxima
+    """Exact top-k over a bf16 table: naive topk of full score rows and tile_top_k (the fused
+    pass keeping each 128-row tile's best row and second score); recall of each against a
+    float32 brute force on `check` queries, and where tile_top_k's time goes."""
+    from eae_model.exact_topk import STATS, chunked_top_k, tile_top_k
+    from eae_model.triton_kernels import rescore, tile_top2
 
     device = torch.device("cuda")
     g = torch.Generator(device=device).manual_seed(0)
     E = (torch.randn(entities, dim, device=device, generator=g) * 0.05).bfloat16()
     H = torch.randn(queries, dim, device=device, generator=g).bfloat16()
+    norm = float(E.float().norm(dim=1).max())  # kept with the table, as a server would
 
     def naive(q=H, block=4096):
         return torch.cat([(q[a : a + block] @ E.T).topk(k, dim=1).indices for a in range(0, q.shape[0], block)])
 
-    methods = {"naive_topk": naive, "group_max_kernel": lambda q=H: group_top_k(q, E, k)[1],
-               "group_max_kernel_g8": lambda q=H: group_top_k(q, E, k, group=8)[1]}
+    methods = {"naive_topk": naive, "tile_top_k": lambda q=H: tile_top_k(q, E, k, row_norm_max=norm)[1]}
     _, ref_ids = chunked_top_k(H[:check], E, k)
     ref_sorted = ref_ids.sort(1).values
 
@@ -297,35 +300,36 @@ def bench_topk(queries: int, entities: int, dim: int, k: int, check: int, reps: 
 
     results = {}
     for name, fn in methods.items():
+        before = STATS["fallbacks"]
         seconds, mem = timed(fn, reps, device, warmup=1)
         results[name] = {"ms": seconds * 1e3, "queries_per_s": queries / seconds, "peak_gib": mem,
                          "recall": recall(fn(H[:check]))}
+        if name == "tile_top_k":
+            results[name]["fallback_queries"] = STATS["fallbacks"] - before
         print(f"  measured {name}: {seconds * 1e3:.1f} ms", flush=True)
-    # Where the group kernel's time goes: the fused pass alone, per block of 16,384 queries.
+    # Where tile_top_k's time goes, per block of 16,384 queries, its steps as it runs them.
     q = H[:16384]
-    # Its steps, as group_top_k runs them (k + 8 groups of 16 rows, super-groups of 128 rows).
-    from eae_model.triton_kernels import rescore
-
-    gmax, smax = group_maxima(q, E, 16)
-    kg = k + 8
-    supers = smax.topk(kg, dim=1).indices
-    gids = ((supers[:, :, None] * 8 + torch.arange(8, device=device)).flatten(1)).clamp(max=gmax.shape[1] - 1)
-    groups = gids.gather(1, gmax.gather(1, gids).topk(kg, dim=1).indices)
-    cand = (groups[:, :, None] * 16 + torch.arange(16, device=device)).flatten(1)
-    parts = {"group_pass_ms": timed(lambda: group_maxima(q, E, 16), reps, device, 1)[0] * 1e3,
-             "supergroup_topk_ms": timed(lambda: smax.topk(kg, dim=1), reps, device, 1)[0] * 1e3,
-             "group_gather_topk_ms": timed(lambda: gmax.gather(1, gids).topk(kg, dim=1), reps, device, 1)[0] * 1e3,
-             "rescore_ms": timed(lambda: rescore(q, E, cand), reps, device, 1)[0] * 1e3,
+    tmax, targ, tsec = tile_top2(q, E)
+    best, tiles = tmax.topk(k + 16, dim=1)
+    flagged = (tsec.gather(1, tiles) >= best[:, k - 1 : k]) & (best >= best[:, k - 1 : k])
+    cand = torch.where(flagged, E.shape[0], targ.gather(1, tiles).long())
+    parts = {"tile_pass_ms": timed(lambda: tile_top2(q, E), reps, device, 1)[0] * 1e3,
+             "tile_topk_ms": timed(lambda: tmax.topk(k + 16, dim=1), reps, device, 1)[0] * 1e3,
+             "rescore_best_rows_ms": timed(lambda: rescore(q, E, cand), reps, device, 1)[0] * 1e3,
+             "flagged_tiles_per_query": flagged.sum(1).float().mean().item(),
              "matmul_cublas_ms": timed(lambda: q @ E[:262144].T, reps, device, 1)[0] * 1e3 * entities / 262144,
-             "whole_ms": timed(lambda: group_top_k(q, E, k), reps, device, 1)[0] * 1e3}
+             "whole_ms": timed(lambda: tile_top_k(q, E, k, row_norm_max=norm), reps, device, 1)[0] * 1e3}
+    pass_tflops = 2 * q.shape[0] * entities * dim / (parts["tile_pass_ms"] / 1e3) / 1e12
     print(f"device {device_name(device)}: exact top-{k} over {entities:,} x {dim} (bf16), {queries:,} queries; "
           f"recall vs float32 brute force on {check} queries")
     for name, r in results.items():
+        extra = f", fallback queries {r['fallback_queries']}" if "fallback_queries" in r else ""
         print(f"  {name:>16}: {r['ms']:8.1f} ms, {r['queries_per_s']:12,.0f} queries/s, recall {r['recall']:.4f}, "
-              f"peak {r['peak_gib']:.1f} GiB")
-    print(f"  group kernel per {q.shape[0]} queries: " + ", ".join(f"{key} {v:.1f}" for key, v in parts.items()))
+              f"peak {r['peak_gib']:.1f} GiB{extra}")
+    print(f"  tile_top_k per {q.shape[0]} queries: " + ", ".join(f"{key} {v:.2f}" for key, v in parts.items())
+          + f"; pass {pass_tflops:.0f} TFLOP/s")
     return {"device": device_name(device), "queries": queries, "entities": entities, "dim": dim, "k": k,
-            "results": results, "group_breakdown": parts}
+            "results": results, "tile_breakdown": parts, "tile_pass_tflops": pass_tflops}
 
 
 def _write(result: dict, path: str | None) -> int:

@@ -107,7 +107,7 @@ from torch import nn
 
 from eae_model.constants import NULL_ENTITY as UNLINKED
 from eae_model.entity_table import TableOutput
-from eae_model.fused_memory import block_backward, block_forward, compute_dtype
+from eae_model.fused_memory import block_backward, block_forward, cast_rows, compute_dtype
 
 
 
@@ -271,7 +271,7 @@ class _Attend(torch.autograd.Function):
         dense_v = plan.retrieve and plan.k is None
         if plan.fused is not None and M and (dense_v or not plan.retrieve):
             # The fused kernels give this shard's normalised R and lse: as partials, m = lse, z = 1.
-            R_loc, m = block_forward(H.to(plan.fused), E.to(plan.fused), dense_v, "triton")
+            R_loc, m = block_forward(H.to(plan.fused), cast_rows(weight, plan.fused), dense_v, "triton")
             z, v = torch.ones_like(m), R_loc
             vals, ids = torch.empty(M, 0, dtype=acc, device=H.device), torch.empty(M, 0, dtype=torch.long, device=H.device)
         else:
@@ -351,7 +351,7 @@ class _Attend(torch.autograd.Function):
             # Same dS with P = exp(S - m), dO = U (dense) and delta = b - e: the fused backward.
             delta = (b if dense_sel else torch.zeros_like(b)) - e
             gH, gE = block_backward(
-                H.to(plan.fused), E.to(plan.fused), U if dense_sel else None, m, delta, "triton"
+                H.to(plan.fused), cast_rows(weight, plan.fused), U if dense_sel else None, m, delta, "triton"
             )
             chunks = range(0)
         else:

@@ -7,7 +7,7 @@ from eae_model.config import load_config
 from eae_model.constants import NULL_ENTITY
 from eae_model.entity_table import EntityTable, entity_attention, linking_loss
 from eae_model.exact_topk import chunked_top_k
-from eae_model.fused_memory import block_attention, chunked_backward, chunked_forward
+from eae_model.fused_memory import block_attention, cast_rows, chunked_backward, chunked_forward
 from eae_model.mentions import Mentions
 from eae_model.model import EaEModel
 
@@ -129,6 +129,62 @@ def test_model_with_chunked_memory_equals_dense():
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         _close(grads[1][name], grads[0][name])
+
+
+def test_cast_rows_is_reused_until_the_table_changes():
+    table = EntityTable(50, 8, impl="chunked")
+    torch.nn.init.normal_(table.weight)
+    first = cast_rows(table.weight, torch.bfloat16)
+    assert first.dtype == torch.bfloat16 and torch.equal(first, table.weight.detach().to(torch.bfloat16))
+    assert cast_rows(table.weight, torch.bfloat16) is first  # the same step's second read
+    assert cast_rows(table.weight, torch.float32) is not first  # another dtype: not the cached copy
+    optimizer = torch.optim.Adam(table.parameters(), lr=0.5)
+    table.attend(torch.randn(3, 8), None, torch.tensor([1, -1, 4]), retrieve=False).loss.backward()
+    optimizer.step()  # an in-place update must invalidate the cast
+    second = cast_rows(table.weight, torch.bfloat16)
+    assert second is not first and torch.equal(second, table.weight.detach().to(torch.bfloat16))
+    assert not torch.equal(second, first)
+    with torch.no_grad():
+        table.weight.copy_(torch.zeros(50, 8))
+    assert not cast_rows(table.weight, torch.bfloat16).any()
+
+
+def test_model_bf16_autocast_chunked_equals_dense():
+    """Under bf16 autocast the chunked path reads the table through cast_rows (one cast per
+    step, reused by the memory and EntityPred, forward and backward): the losses and the
+    table's gradient stay those of the dense path, and a second step sees the updated table."""
+    configs = [load_config("tiny", overrides=["memory_chunk_rows=100", f"memory_impl={impl}"]) for impl in ("dense", "chunked")]
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1000, 2000, (3, 20), generator=g)
+    mentions = Mentions.from_lists([[(1, 2), (5, 5)], [(3, 4)], [(2, 2), (8, 10)]], [[7, -1], [300], [1, 2]])
+    results = []
+    for config in configs:
+        torch.manual_seed(0)
+        model = EaEModel(config).train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        losses = []
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(ids, mentions=mentions)
+            optimizer.zero_grad()
+            out.loss.backward()
+            optimizer.step()
+            losses.append(out.losses["entity_pred"].item())
+        results.append((losses, model.entity_table.weight.detach().clone()))
+    (dense_losses, dense_w), (chunked_losses, chunked_w) = results
+    assert chunked_losses == pytest.approx(dense_losses, rel=2e-2)
+    assert dense_losses[1] != dense_losses[0]  # the second step saw the first update
+    torch.testing.assert_close(chunked_w, dense_w, rtol=0, atol=5e-3)
+
+
+def test_entity_pred_with_no_linked_mentions():
+    config = load_config("tiny", overrides=["memory_impl=chunked", "memory_chunk_rows=100"])
+    model = EaEModel(config).train()
+    ids = torch.randint(1000, 2000, (2, 12))
+    out = model(ids, mentions=Mentions.from_lists([[(1, 2)], [(3, 3)]], [[-1], [-1]]))
+    assert out.losses["entity_pred"].item() == 0.0 and out.entity_queries.shape[0] == 2
+    out.loss.backward()
+    assert not model.entity_pred.project_query.weight.grad.any()
 
 
 def test_no_mentions():

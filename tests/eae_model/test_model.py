@@ -51,7 +51,11 @@ def test_forward_follows_the_equations(k):
     torch.testing.assert_close(out.x4, x4)
     # EntityPred: its own W_f on X4 spans, scored against E.
     spans = torch.cat([x4[mentions.batch_ids, mentions.starts], x4[mentions.batch_ids, mentions.ends]], -1)
-    torch.testing.assert_close(out.entity_pred.logits, spans @ model.entity_pred.project_query.weight.T @ E.T)
+    h = spans @ model.entity_pred.project_query.weight.T
+    torch.testing.assert_close(out.entity_queries, h)
+    # With targets, only linked mentions are scored against E (the EL loss reads no other).
+    linked = mentions.entity_ids >= 0
+    torch.testing.assert_close(out.entity_pred.logits, h[linked] @ E.T)
     torch.testing.assert_close(out.bio_logits, model.mention_head.classifier(x1))
 
 
@@ -66,7 +70,7 @@ def test_losses_are_the_papers_cross_entropies():
     linked = mentions.entity_ids >= 0
     # EL over all entities, only linked mentions (null-entity mentions get no EL loss).
     want_el = F.cross_entropy(out.memory.logits[linked], mentions.entity_ids[linked])
-    want_ep = F.cross_entropy(out.entity_pred.logits[linked], mentions.entity_ids[linked])
+    want_ep = F.cross_entropy(out.entity_queries[linked] @ model.entity_embeddings.T, mentions.entity_ids[linked])
     # BIO on every real token: B at starts, I inside, O elsewhere.
     bio = torch.zeros_like(ids)
     bio[0, 1], bio[0, 2], bio[0, 5] = 1, 2, 1

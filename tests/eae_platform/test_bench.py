@@ -44,7 +44,9 @@ def test_flop_counts_by_hand():
     layer = 2 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 2 * 128 * 768  # per token, forward
     head = 2 * (768 * 768 + 768 * 30522)
     assert bert_flops(c, tokens, length) == 3 * tokens * (12 * layer + head)
-    # EaE: the head at 450 masked tokens; per mention 3 passes over 1M x 256 (memory scores and
-    # weighted sum, EntityPred scores) plus W_f, W'_f and W_b.
-    per_mention = 3 * 2 * 1_000_000 * 256 + 2 * (2 * 768 * 256) * 2 + 2 * 256 * 768
-    assert eae_flops(c, tokens, length, 1126, 450) == 3 * (tokens * 12 * layer + 450 * head + 1126 * per_mention)
+    # EaE: the head at 450 masked tokens; per mention 2 passes over 1M x 256 (memory scores and
+    # weighted sum) plus W_f, W'_f and W_b; per linked mention (563) EntityPred's scores.
+    per_mention = 2 * 2 * 1_000_000 * 256 + 2 * (2 * 768 * 256) * 2 + 2 * 256 * 768
+    per_linked = 2 * 1_000_000 * 256
+    assert eae_flops(c, tokens, length, 1126, 450, 563) == 3 * (
+        tokens * 12 * layer + 450 * head + 1126 * per_mention + 563 * per_linked)

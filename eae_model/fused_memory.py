@@ -20,12 +20,25 @@ fused GPU kernels of eae_model.triton_kernels with the same signature. The shard
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from eae_model.constants import NULL_ENTITY
 
 IMPLS = ("dense", "chunked", "triton")
+
+
+def triton_interpreted() -> bool:
+    """Whether TRITON_INTERPRET is on (as Triton reads it): Triton's interpreter then runs the
+    kernels on CPU tensors (the CPU tests of impl="triton"; tests/conftest.py turns it on
+    where there is no GPU). Read here without importing triton."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y")
+
+
+def triton_runs_on(t: torch.Tensor) -> bool:
+    """Whether impl="triton" takes tensors on t's device: CUDA, or any under the interpreter."""
+    return t.is_cuda or triton_interpreted()
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -185,8 +198,8 @@ def block_attention(
     Differentiable in h and E."""
     if impl not in ("chunked", "triton"):
         raise ValueError(f"block attention impl must be chunked or triton, got {impl!r}")
-    if impl == "triton" and not h.is_cuda:
-        raise ValueError("memory_impl=triton needs CUDA tensors; use chunked on CPU")
+    if impl == "triton" and not triton_runs_on(h):
+        raise ValueError("memory_impl=triton needs CUDA tensors (or TRITON_INTERPRET=1); use chunked on CPU")
     R, lse, gold = _BlockAttention.apply(h, weight, targets, retrieve, impl, chunk_rows, compute_dtype(h, weight))
     return (R if retrieve else None), lse, (gold if targets is not None else None)
 

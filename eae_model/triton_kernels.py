@@ -8,7 +8,9 @@ one slice of the rows, keeps a running max, sum and weighted sum for its slice, 
 are merged in PyTorch (a few MB). Programs that share a slice of E are launched next to each
 other (queries vary fastest) so E is read from HBM about once per pass.
 
-Imported only when memory_impl=triton (or the GPU top-k) is used: needs triton and CUDA.
+Imported only when memory_impl=triton (or the GPU top-k) is used: needs triton and CUDA, or,
+for the memory kernels, Triton's interpreter (TRITON_INTERPRET=1 before triton is imported), which
+runs them on CPU tensors with numpy: how the CPU tests check them (tests/eae_model/test_triton_kernels.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,45 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 _LOG2E = tl.constexpr(LOG2E)  # kernels may only read constexpr globals
 
+# Triton's interpreter (fixed when triton is imported, as the @triton.jit below read it): the
+# kernels run on CPU tensors, one program after another.
+INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+def _interpreter_numpy_fix() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int (a loop bound, as in
+    `range(start, end, BLOCK_N)`) with int() of a 1-element array, which NumPy 2.4 refuses
+    (triton-lang/triton#9171, fixed after 3.6 by #9172): the fix, on the interpreter's
+    per-launch patch of tl.tensor."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_eae_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched._eae_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _interpreter_numpy_fix()
+
+
+def _tuned(configs: list, interpreted: triton.Config) -> list:
+    """The autotuner's configs; under the interpreter only `interpreted` (one of them): with
+    more than one config the autotuner would run every config to time it, in numpy."""
+    return [interpreted] if INTERPRET else configs
+
+
 _SPLIT_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
     for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3)]
 ]
+_SPLIT_CONFIGS = _tuned(_SPLIT_CONFIGS, _SPLIT_CONFIGS[0])
 
 
 @triton.autotune(configs=_SPLIT_CONFIGS, key=["M", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
@@ -101,6 +138,7 @@ _ROW_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
     for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 3)]
 ]
+_ROW_CONFIGS = _tuned(_ROW_CONFIGS, _ROW_CONFIGS[-1])
 
 
 @triton.autotune(configs=_ROW_CONFIGS, key=["M", "D", "RETRIEVE"], reset_to_zero=[])
@@ -134,16 +172,24 @@ def _grad_e_kernel(
 
 
 def _check(H: torch.Tensor, E: torch.Tensor) -> None:
-    if not (H.is_cuda and E.is_cuda):
-        raise ValueError("the Triton memory kernels need CUDA tensors")
+    if not INTERPRET and not (H.is_cuda and E.is_cuda):
+        raise ValueError("the Triton memory kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     d = H.shape[1]
     if E.shape[1] != d or d & (d - 1) or d < 16:
         raise ValueError(f"entity dim must be a power of two >= 16 for the Triton kernels, got {d}")
 
 
-def _splits(M: int, N: int, block_m: int = 64) -> tuple[int, int]:
+def _multiprocessors(device: torch.device) -> int:
+    """The GPU's SM count; for CPU tensors (the interpreter) an H100's 132, so that the split
+    of E is the one an H100 runs."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def _splits(M: int, N: int, device: torch.device, block_m: int = 64) -> tuple[int, int]:
     """(number of slices of E, rows per slice): about 4 programs per SM in all."""
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = _multiprocessors(device)
     blocks = max(1, math.ceil(M / block_m))
     splits = max(1, min(math.ceil(4 * sms / blocks), math.ceil(N / 128)))
     rows = math.ceil(N / splits / 128) * 128  # a multiple of every BLOCK_N
@@ -157,7 +203,7 @@ def memory_forward(H: torch.Tensor, E: torch.Tensor, retrieve: bool):
     N = E.shape[0]
     if M == 0:  # a batch without mentions: nothing to launch
         return (H.new_zeros(0, D, dtype=torch.float32) if retrieve else None), H.new_zeros(0, dtype=torch.float32)
-    splits, rows = _splits(M, N)
+    splits, rows = _splits(M, N, H.device)
     mx = torch.empty(splits, M, device=H.device, dtype=torch.float32)
     sm = torch.empty_like(mx)
     acc = torch.empty(splits, M, D, device=H.device, dtype=torch.float32) if retrieve else mx
@@ -184,7 +230,7 @@ def memory_backward(H, E, dO, lse, delta, need_dh: bool = True):
     lse, delta = lse.float().contiguous(), delta.float().contiguous()
     dh = None
     if need_dh:
-        splits, rows = _splits(M, N)
+        splits, rows = _splits(M, N, H.device)
         dh = torch.empty(splits, M, D, device=H.device, dtype=torch.float32)
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
         _grad_h_kernel[grid](H, E, dO, lse, delta, dh, M, N, rows, D=D, RETRIEVE=retrieve)

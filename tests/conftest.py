@@ -12,6 +12,17 @@ from pathlib import Path
 
 import pytest
 
+# Without a GPU (CI), the Triton kernels of memory_impl=triton run in Triton's interpreter on
+# CPU tensors (tests/eae_model/test_triton_kernels.py). Triton reads TRITON_INTERPRET when it
+# is first imported, so it is set here, before any test module imports it; with a GPU the
+# compiled kernels are tested. torch.cuda.is_available() creates no CUDA context.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 REPO = Path(__file__).resolve().parents[1]
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 

@@ -105,6 +105,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from eae_model import fused_memory
 from eae_model.constants import NULL_ENTITY as UNLINKED
 from eae_model.entity_table import TableOutput
 from eae_model.fused_memory import block_backward, block_forward, cast_rows, compute_dtype
@@ -502,7 +503,7 @@ class ShardedEntityTable(nn.Module):
             has_targets=targets is not None,
             chunk_rows=self.chunk_rows,
             grad_scale=1.0 / self.world_size if self.grad_average else 1.0,
-            fused=compute_dtype(h, self.weight) if self.memory_impl == "triton" and h.is_cuda else None,
+            fused=compute_dtype(h, self.weight) if self.memory_impl == "triton" and fused_memory.triton_runs_on(h) else None,
         )
         retrieved, lse, gold = _Attend.apply(h, self.weight, targets, plan)
         loss = None

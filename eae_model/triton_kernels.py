@@ -16,7 +16,6 @@ runs them on CPU tensors with numpy: how the CPU tests check them (tests/eae_mod
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -259,8 +258,7 @@ _TILE_CONFIGS = [
 ]
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # CPU tests: one config (d <= 256), no timing runs
-    _TILE_CONFIGS = [c for c in _TILE_CONFIGS if c.kwargs["RESIDENT"]][-1:]
+_TILE_CONFIGS = _tuned(_TILE_CONFIGS, _TILE_CONFIGS[-1])  # the interpreter's: RESIDENT, any d <= 256
 
 
 def _prune_tile_configs(configs, named_args, **kwargs):
@@ -340,12 +338,6 @@ def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexp
     tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8  # Triton's interpreter (CPU tests): any split works
-
-
 def tile_top2(H: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """H [M, d], E [N, d] -> per query and tile of TILE_ROWS rows: (best score [M, NT] fp32,
     its row id [M, NT] int32, second-best score [M, NT] fp32), NT = ceil(N / TILE_ROWS)."""
@@ -355,7 +347,7 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     M, N = H.shape[0], E.shape[0]
     NT = triton.cdiv(N, TILE_ROWS)
     # About two programs per SM: slices of E side by side for the query blocks.
-    splits = max(1, min(math.ceil(2 * _sm_count(H.device) / math.ceil(M / 128)), NT))
+    splits = max(1, min(math.ceil(2 * _multiprocessors(H.device) / math.ceil(M / 128)), NT))
     rows = math.ceil(N / splits / 256) * 256  # a multiple of TILE_ROWS
     splits = math.ceil(N / rows)
     tmax = torch.empty(M, NT, device=H.device, dtype=torch.float32)

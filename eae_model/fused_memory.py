@@ -104,15 +104,18 @@ def block_forward(H, E, retrieve: bool, impl: str, chunk_rows: int = 65536):
     return chunked_forward(H, E, retrieve, chunk_rows)
 
 
-def block_backward(H, E, dO, lse, delta, impl: str, chunk_rows: int = 65536, R=None):
-    """R: the forward's normalised R, given when dO is None, gives dH = -delta o R directly."""
+def block_backward(H, E, dO, lse, delta, impl: str, chunk_rows: int = 65536, R=None, into=None):
+    """R: the forward's normalised R, given when dO is None, gives dH = -delta o R directly.
+    into: a float32 [N, d] gradient that dE is added to in place (and returned as dE)."""
     need_dh = dO is not None or R is None
     if impl == "triton":
         from eae_model.triton_kernels import memory_backward
 
-        dH, dE = memory_backward(H, E, dO, lse, delta, need_dh)
+        dH, dE = memory_backward(H, E, dO, lse, delta, need_dh, into)
     else:
         dH, dE = chunked_backward(H, E, dO, lse, delta, chunk_rows, need_dh)
+        if into is not None:
+            dE = into.add_(dE)
     return (dH if need_dh else -delta[:, None] * R), dE
 
 
@@ -163,6 +166,7 @@ class _BlockAttention(torch.autograd.Function):
             gold = (H.to(lse.dtype) * E[rows].to(lse.dtype)).sum(-1) * linked
         ctx.retrieve, ctx.impl, ctx.chunk_rows = retrieve, impl, chunk_rows
         ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
+        ctx.weight = weight if impl == "triton" and weight.is_leaf and weight.dtype == torch.float32 else None
         ctx.save_for_backward(H, E, R, lse, linked, rows)
         return (R.to(cd) if retrieve else R.new_empty(H.shape[0], 0)), lse, gold
 
@@ -176,11 +180,20 @@ class _BlockAttention(torch.autograd.Function):
         if ctx.retrieve and g_R is not None:
             dO = g_R.to(lse.dtype)
             delta = (dO * R).sum(1) - g_lse
-        dH, dE = block_backward(H, E, dO, lse, delta, ctx.impl, ctx.chunk_rows, R)
+        # The table's gradient straight into weight.grad, as AccumulateGrad would leave it: the
+        # memory and EntityPred both read E, and adding their two dense float32 [N, d]
+        # gradients would move 3 GB per step; the second kernel adds into the first's instead.
+        grad = ctx.weight.grad if ctx.weight is not None else None
+        direct = ctx.weight is not None and ctx.needs_input_grad[1] and (
+            grad is None or (grad.dtype == torch.float32 and grad.is_contiguous() and grad.shape == E.shape))
+        dH, dE = block_backward(H, E, dO, lse, delta, ctx.impl, ctx.chunk_rows, R, into=grad if direct else None)
         if linked is not None and g_gold is not None:
             g = (g_gold.to(lse.dtype) * linked)[:, None]
             dH += g * E[rows].to(lse.dtype)
             dE.index_add_(0, rows, g * H.to(lse.dtype))
+        if direct:
+            ctx.weight.grad = dE
+            return dH.to(ctx.h_dtype), None, None, None, None, None, None
         return dH.to(ctx.h_dtype), dE.to(ctx.w_dtype), None, None, None, None, None
 
 

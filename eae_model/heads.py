@@ -47,14 +47,17 @@ class EntityPredHead(nn.Module):
         self.project_query = nn.Linear(2 * hidden_size, entity_dim, bias=False)
 
     def forward(
-        self, x4: torch.Tensor, mentions: Mentions, table: EntityTable, targets: torch.Tensor | None = None
+        self, x4: torch.Tensor, mentions: Mentions, table: EntityTable, targets: torch.Tensor | None = None,
+        linked: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TableOutput]:
         """x4 [B, L, H], M mentions -> (h' [M, d], the table's output). Without targets the
         table scores all M mentions; with targets [M] it scores only the linked ones
         (target != NULL_ENTITY), the only mentions the EL loss reads: in pretraining about
-        half, and each costs a pass over all N rows forward and backward."""
+        half, and each costs a pass over all N rows forward and backward. linked: their
+        indices, if the caller has them (the model computes them before the first layer)."""
         h = self.project_query(span_representation(x4, mentions))
         if targets is None:
             return h, table.attend(h, None, None, retrieve=False)
-        linked = (targets != NULL_ENTITY).nonzero(as_tuple=True)[0]
+        if linked is None:
+            linked = (targets != NULL_ENTITY).nonzero(as_tuple=True)[0]
         return h, table.attend(h[linked], None, targets[linked], retrieve=False)

@@ -21,7 +21,7 @@ from torch import nn
 
 from eae_model import bio
 from eae_model.config import EaEConfig
-from eae_model.constants import CLS_TOKEN_ID, SEP_TOKEN_ID
+from eae_model.constants import CLS_TOKEN_ID, NULL_ENTITY, SEP_TOKEN_ID
 from eae_model.entity_table import EntityTable, TableOutput, mean_cross_entropy
 from eae_model.heads import EntityPredHead, MentionDetectionHead, TokenPredHead
 from eae_model.memory import EntityMemory, MemoryOutput
@@ -143,6 +143,13 @@ class EaEModel(nn.Module):
         if k is _ALL:
             k = c.k(self.training)
 
+        # The forward's two host syncs (nonzero), before any layer is launched: the host then
+        # runs ahead of the GPU for the whole step instead of draining its queue mid-step.
+        mlm_positions = (mlm_labels != IGNORE).nonzero(as_tuple=True) if mlm_labels is not None else None
+        linked = None
+        if self.entity_pred is not None and mentions is not None and mentions.entity_ids is not None:
+            linked = (mentions.entity_ids != NULL_ENTITY).nonzero(as_tuple=True)[0]
+
         x1 = self.transformer_l0(self.token_embed(input_ids, token_type_ids), key_mask)
         bio_logits = self.mention_head(x1) if self.mention_head is not None else None
         given = mentions is not None
@@ -168,9 +175,9 @@ class EaEModel(nn.Module):
 
         out = EaEOutput(x1=x1, x4=x4, mentions=mentions, bio_logits=bio_logits, memory=memory)
         if self.entity_pred is not None:
-            out.entity_queries, out.entity_pred = self.entity_pred(x4, mentions, self.entity_table, targets)
+            out.entity_queries, out.entity_pred = self.entity_pred(x4, mentions, self.entity_table, targets, linked)
         if mlm_labels is not None:
-            out.mlm_positions = (mlm_labels != IGNORE).nonzero(as_tuple=True)
+            out.mlm_positions = mlm_positions
             out.mlm_logits = self.token_pred(x4[out.mlm_positions], self.token_embed.word.weight)
         if given:
             self._add_losses(out, attention_mask, mlm_labels, bio_labels)

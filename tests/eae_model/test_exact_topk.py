@@ -5,12 +5,17 @@ import pytest
 import torch
 
 from eae_model.exact_topk import STATS, chunked_top_k, error_bound, tile_top_k
+from eae_model.fused_memory import triton_interpreted
 from eae_model.triton_kernels import TILE_ROWS, tile_top2
+
+if not triton_interpreted() and not torch.cuda.is_available():
+    pytest.skip("TRITON_INTERPRET is off and there is no GPU", allow_module_level=True)
+DEVICE = "cpu" if triton_interpreted() else "cuda"  # on a GPU: the compiled kernels, float32 inputs
 
 
 def _table(N=5000, d=32, M=37, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(N, d, generator=g) * 0.05, torch.randn(M, d, generator=g)
+    return (torch.randn(N, d, generator=g) * 0.05).to(DEVICE), torch.randn(M, d, generator=g).to(DEVICE)
 
 
 def _same(got, want):
@@ -23,12 +28,12 @@ def _same(got, want):
 def test_tile_pass_keeps_each_tiles_best_row_and_second_score():
     E, h = _table(N=1000)  # 8 tiles, the last one partial
     best, arg, second = tile_top2(h, E)
-    S = torch.full((h.shape[0], 8 * TILE_ROWS), -torch.inf)
+    S = torch.full((h.shape[0], 8 * TILE_ROWS), -torch.inf, device=DEVICE)
     S[:, :1000] = h @ E.T
     top = S.view(h.shape[0], 8, TILE_ROWS).topk(2, dim=2)
     torch.testing.assert_close(best, top.values[..., 0])
     torch.testing.assert_close(second, top.values[..., 1])
-    assert torch.equal(arg.long(), top.indices[..., 0] + torch.arange(8) * TILE_ROWS)
+    assert torch.equal(arg.long(), top.indices[..., 0] + torch.arange(8, device=DEVICE) * TILE_ROWS)
 
 
 @pytest.mark.parametrize("k", [1, 5, 20])
@@ -43,7 +48,7 @@ def test_repeated_rows_flag_whole_tiles_and_stay_exact():
     # 300 near-copies of one row (distinct scores, no ties): for the queries aimed at them
     # the whole top-k lies in the same few tiles, every one of them flagged.
     E, h = _table()
-    E[1000:1300] = E[7] + 1e-3 * torch.randn(300, E.shape[1], generator=torch.Generator().manual_seed(1))
+    E[1000:1300] = E[7] + 1e-3 * torch.randn(300, E.shape[1], generator=torch.Generator().manual_seed(1)).to(DEVICE)
     h[:5] = E[7] * 40
     _same(tile_top_k(h, E, 5), chunked_top_k(h, E, 5))
     # With room for only one flagged tile those queries fall back to the reference: still exact.

@@ -27,7 +27,7 @@ INTERPRETED = triton_interpreted()
 if not INTERPRETED and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is off and there is no GPU", allow_module_level=True)
 DEVICE = "cpu" if INTERPRETED else "cuda"
-TOL = 1e-5 if INTERPRETED else 3e-3  # whole-tensor relative error; TF32 dots on a GPU
+TOL = 1e-5 if INTERPRETED else 1e-4  # whole-tensor relative error (float32 dots: IEEE, as torch.matmul by default)
 
 # (M, N, d): 100 queries = a full and a partial query block of 64 (the row kernel: 32, 4 blocks
 # with a partial one); 1000 rows = 8 slices of 128, the last of 104 rows (a partial BLOCK_N
@@ -192,6 +192,32 @@ def test_model_with_triton_memory_equals_dense(monkeypatch):
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         _close(grads[1][name], grads[0][name])
+
+
+def test_table_gradient_accumulates_in_place_like_autograd():
+    """The kernels add the table's gradient straight into weight.grad (no second dense
+    gradient): two backward passes without zero_grad sum, as autograd's would, a frozen
+    table gets none, and the first pass of a step writes a fresh tensor."""
+    M, N, d = 21, 300, 16
+    g = torch.Generator().manual_seed(4)
+    E = torch.randn(N, d, generator=g)
+    hs = [torch.randn(M, d, generator=g) for _ in range(2)]
+    targets = _targets(M, N, g).to(DEVICE)
+    grads = {}
+    for impl in ("dense", "triton"):
+        table = EntityTable(N, d, impl=impl).to(DEVICE)
+        with torch.no_grad():
+            table.weight.copy_(E)
+        for h in hs:  # two micro-batches, each through the memory and EntityPred's call
+            h = h.to(DEVICE)
+            (table.attend(h, None, targets).loss + table.attend(h * 0.5, None, targets, retrieve=False).loss
+             + table.attend(h, None).retrieved.square().sum()).backward()
+        grads[impl] = table.weight.grad
+    _close(grads["triton"], grads["dense"])
+    frozen = EntityTable(N, d, trainable=False, impl="triton").to(DEVICE)
+    h = hs[0].to(DEVICE).requires_grad_()
+    frozen.attend(h, None, targets).loss.backward()
+    assert frozen.weight.grad is None and h.grad is not None
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the sharded table's reference data lives on the CPU")

@@ -90,13 +90,60 @@ def _unflatten(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
         offset += n
 
 
-def _sum_over_workers(values: dict[str, float]) -> dict[str, float]:
+def _collective_device() -> torch.device:
+    """Where a tensor for a collective must live: NCCL (the GPU backend) reduces CUDA tensors
+    only; gloo takes CPU tensors."""
+    if "nccl" in str(dist.get_backend()).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _reduce_over_workers(values: dict[str, float], op=None) -> dict[str, float]:
+    """Each value reduced over the workers (default: summed); unchanged with one worker."""
     if not _distributed():
         return values
     keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op)
     return dict(zip(keys, t.tolist()))
+
+
+def _sum_over_workers(values: dict[str, float]) -> dict[str, float]:
+    return _reduce_over_workers(values)
+
+
+def _max_over_workers(values: dict[str, float]) -> dict[str, float]:
+    return _reduce_over_workers(values, dist.ReduceOp.MAX if _distributed() else None)
+
+
+def table_memory_bytes(table: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes this worker holds for its rows of the entity table: the rows themselves, their
+    gradients (where allocated) and the optimizer's state for them (Adam: two moments and a
+    step count). Measured on the tensors, so after the first optimizer step it is the steady
+    footprint (4 x rows x dim x 4 bytes for float32 rows under Adam)."""
+    total = 0
+    for p in table:
+        total += p.numel() * p.element_size()
+        if p.grad is not None:
+            total += p.grad.numel() * p.grad.element_size()
+        for value in optimizer.state.get(p, {}).values():
+            if torch.is_tensor(value):
+                total += value.numel() * value.element_size()
+    return total
+
+
+def memory_metrics(table: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, device) -> dict[str, float]:
+    """`table_gib_per_worker`: the largest table footprint (table_memory_bytes) of any worker;
+    on GPUs also `peak_gpu_gib` / `peak_gpu_gib_min`: the largest / smallest peak of memory
+    allocated by torch on any worker's GPU so far (torch.cuda.max_memory_allocated)."""
+    mine = {"table_gib_per_worker": table_memory_bytes(table, optimizer) / 2**30}
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        mine.update(peak_gpu_gib=peak, peak_gpu_gib_min_neg=-peak)
+    out = _max_over_workers(mine)
+    if "peak_gpu_gib_min_neg" in out:
+        out["peak_gpu_gib_min"] = -out.pop("peak_gpu_gib_min_neg")
+    return out
 
 
 @torch.no_grad()
@@ -129,6 +176,10 @@ def train_loop_per_worker(config_dict: dict) -> None:
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        # the current device is where the loop's reductions put their tensors (NCCL: one GPU
+        # per rank); with several GPUs visible to each worker it must be this rank's
+        torch.cuda.set_device(device)
 
     model = build_model(config).to(device)
     replicated, table = state.split_params(model)
@@ -166,6 +217,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
     model.train()
     window = defaultdict(float)
     window_start = time.perf_counter()
+    first_step = True
     while progress["step"] < t.max_steps:
         epoch = progress["epoch"]
         if data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker) == 0:
@@ -192,8 +244,16 @@ def train_loop_per_worker(config_dict: dict) -> None:
                 window[f"loss_{name}"] += float(value)
             window["grad_norm"] += grad_norm
             step = progress["step"]
+            if first_step:  # optimizer state now exists: the table's steady footprint
+                first_step = False
+                table_metrics = memory_metrics(list(table.values()), optimizer, device)
+                if tracker is not None:
+                    tracker.log_metrics({"table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
+                    print(f"entity table per worker (rows + grad + Adam state): "
+                          f"{table_metrics['table_gib_per_worker']:.3f} GiB", flush=True)
             if step % t.log_every == 0 or step == t.max_steps:
-                _report(window, window_start, step, scheduler, tracker, world_size)
+                _report(window, window_start, step, scheduler, tracker, world_size,
+                        memory_metrics(list(table.values()), optimizer, device))
                 window, window_start = defaultdict(float), time.perf_counter()
             if step % t.checkpoint_every == 0 or step == t.max_steps:
                 metrics = evaluate(model, config, rank, world_size, device)
@@ -210,7 +270,10 @@ def train_loop_per_worker(config_dict: dict) -> None:
         tracker.close()
 
 
-def _report(window, window_start, step, scheduler, tracker, world_size) -> None:
+def _report(window, window_start, step, scheduler, tracker, world_size, extra=None) -> None:
+    """Metrics of the window of steps since the last report (tokens/s counts the non-padding
+    tokens of all workers; the first window includes start-up: kernel autotuning, the first
+    reads), plus `extra` (memory_metrics)."""
     import ray.train
 
     seconds = time.perf_counter() - window_start
@@ -218,11 +281,13 @@ def _report(window, window_start, step, scheduler, tracker, world_size) -> None:
     metrics = {k: v / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
     tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
     metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, lr=scheduler.get_last_lr()[0])
+    metrics.update(extra or {})
     if tracker is not None:
         tracker.log_metrics(metrics, step)
         print(f"step {step}: loss {metrics['loss']:.3f} "
               + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
-              + f" | {metrics['tokens_per_s']:,.0f} tokens/s", flush=True)
+              + f" | {metrics['tokens_per_s']:,.0f} tokens/s"
+              + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""), flush=True)
     ray.train.report({"step": step, **metrics})
 
 

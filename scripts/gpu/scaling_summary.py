@@ -1,0 +1,121 @@
+"""The JSON summary of scripts/gpu/pretrain-scaling's runs, read back from MLflow (the store
+MLFLOW_TRACKING_URI names) and the Ray Train storage folder.
+
+Per run: steady tokens/s (all tokens / all seconds of the logged windows after the first,
+which holds Triton autotuning and the first reads), step time and contexts/s, the entity
+table's GiB per worker (rows + gradient + Adam state, `table_gib_per_worker`), the peak GPU
+memory of the workers (largest and smallest, `peak_gpu_gib`, `peak_gpu_gib_min`), the MLflow
+run id and its checkpoint artifacts, the checkpoint folders with their files. Then the scaling
+of each run's tokens/s over the 1-worker run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def steady(tokens_per_s: list[tuple[int, float]], step_time_s: list[tuple[int, float]], log_every: int) -> dict:
+    """Windows after the first: total tokens / total seconds, mean step time. Windows are
+    keyed by their last step; a window's steps = its step minus the previous window's."""
+    times = dict(step_time_s)
+    rows, previous = [], 0
+    for step, tps in tokens_per_s:
+        steps = step - previous
+        previous = step
+        if step <= log_every or step not in times:  # the first window: start-up
+            continue
+        seconds = times[step] * steps
+        rows.append((steps, seconds, tps * seconds))
+    if not rows:
+        return {}
+    steps = sum(r[0] for r in rows)
+    seconds = sum(r[1] for r in rows)
+    return {"tokens_per_s": sum(r[2] for r in rows) / seconds, "step_time_s": seconds / steps,
+            "steps_timed": steps, "first_window_tokens_per_s": tokens_per_s[0][1] if tokens_per_s else None}
+
+
+def summarize_run(client, experiment_id: str | None, record: dict, storage: Path, log_every: int, batch: int) -> dict:
+    out = dict(record)
+    ckpt_root = storage / record["name"]
+    out["checkpoints"] = {
+        d.name: {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
+        for d in sorted(ckpt_root.glob("checkpoint_*")) if d.is_dir()
+    }
+    if client is None or experiment_id is None:
+        return out
+    runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.runName = '{record['name']}'")
+    if not runs:
+        out["mlflow"] = "no run of that name"
+        return out
+    run = runs[0]
+    rid = run.info.run_id
+    out["mlflow_run_id"] = rid
+    out["mlflow_status"] = run.info.status
+    out["mlflow_checkpoint_artifacts"] = [a.path for a in client.list_artifacts(rid, "checkpoints")]
+    tps, st = _history(client, rid, "tokens_per_s"), _history(client, rid, "step_time_s")
+    out["windows"] = [{"step": s, "tokens_per_s": round(v), "step_time_s": round(dict(st).get(s, float("nan")), 4)}
+                      for s, v in tps]
+    out.update(steady(tps, st, log_every))
+    if out.get("step_time_s"):
+        out["contexts_per_s"] = batch * record["workers"] / out["step_time_s"]
+    for key in ("table_gib_per_worker", "peak_gpu_gib", "peak_gpu_gib_min"):
+        values = _history(client, rid, key)
+        if values:
+            out[key] = max(v for _, v in values) if key != "peak_gpu_gib_min" else values[-1][1]
+    losses = _history(client, rid, "loss")
+    if losses:
+        out["loss_first_window"], out["loss_last_window"] = losses[0][1], losses[-1][1]
+    out["dev"] = {k: v for k, v in run.data.metrics.items() if k.startswith("dev_")}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", required=True, help="JSON lines: workers, name, rc, wall_s")
+    p.add_argument("--storage", required=True, help="train.storage_path")
+    p.add_argument("--experiment", default="gpu-scaling")
+    p.add_argument("--log-every", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True, help="contexts per worker and step")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    records = [json.loads(x) for x in Path(args.runs).read_text().splitlines() if x.strip()]
+    client = experiment_id = None
+    error = None
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(os.environ.get("MLFLOW_TRACKING_URI"))
+        experiment = client.get_experiment_by_name(args.experiment)
+        experiment_id = experiment.experiment_id if experiment else None
+    except Exception as exc:  # noqa: BLE001 - the summary must still be written
+        error = f"{type(exc).__name__}: {exc}"
+    runs = []
+    for record in records:
+        try:
+            runs.append(summarize_run(client, experiment_id, record, Path(args.storage), args.log_every, args.batch))
+        except Exception as exc:  # noqa: BLE001
+            runs.append({**record, "summary_error": f"{type(exc).__name__}: {exc}"})
+    base = next((r.get("tokens_per_s") for r in runs if r["workers"] == 1 and r.get("tokens_per_s")), None)
+    for r in runs:
+        if base and r.get("tokens_per_s"):
+            r["scaling_vs_1_worker"] = r["tokens_per_s"] / base
+    summary = {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI"), "log_every": args.log_every,
+               "batch_per_worker": args.batch, "runs": runs, **({"mlflow_error": error} if error else {})}
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    for r in runs:
+        print(f"workers {r['workers']}: rc {r['rc']}, {r.get('tokens_per_s', float('nan')):,.0f} tokens/s steady "
+              f"({r.get('contexts_per_s', float('nan')):,.0f} contexts/s, step {r.get('step_time_s', float('nan')) * 1e3:.1f} ms), "
+              f"scaling {r.get('scaling_vs_1_worker', float('nan')):.2f}x, table {r.get('table_gib_per_worker', float('nan')):.2f} GiB/worker, "
+              f"peak {r.get('peak_gpu_gib', float('nan')):.1f} GiB, checkpoints {list(r.get('checkpoints', {}))}, "
+              f"MLflow {r.get('mlflow_run_id')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Unit tests of the training loop's helpers that need no Ray: the entity table's memory
+footprint per worker, and the reductions over workers (gloo here; NCCL only on GPUs)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from eae_platform.pretrain import loop
+
+
+def _adam_step(params: list[torch.nn.Parameter]) -> torch.optim.Adam:
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+    sum(p.sum() for p in params).backward()
+    optimizer.step()
+    return optimizer
+
+
+def test_table_memory_counts_rows_gradients_and_adam_state():
+    rows = [torch.nn.Parameter(torch.zeros(10, 8)), torch.nn.Parameter(torch.zeros(3, 8))]
+    optimizer = torch.optim.Adam(rows, lr=1e-3)
+    row_bytes = (10 + 3) * 8 * 4
+    assert loop.table_memory_bytes(rows, optimizer) == row_bytes  # no gradient, no state yet
+    optimizer = _adam_step(rows)
+    steps = sum(optimizer.state[p]["step"].numel() * optimizer.state[p]["step"].element_size() for p in rows)
+    # rows + gradients + Adam's two moments (+ its step counters)
+    assert loop.table_memory_bytes(rows, optimizer) == 4 * row_bytes + steps
+    for p in rows:
+        p.grad = None  # after zero_grad(set_to_none=True): the gradients are not held
+    assert loop.table_memory_bytes(rows, optimizer) == 3 * row_bytes + steps
+
+
+def test_memory_metrics_on_one_worker_without_gpu():
+    rows = [torch.nn.Parameter(torch.zeros(2**10, 2**8))]  # 1 MiB of float32
+    metrics = loop.memory_metrics(rows, _adam_step(rows), torch.device("cpu"))
+    assert set(metrics) == {"table_gib_per_worker"}  # no GPU peak on CPU
+    assert abs(metrics["table_gib_per_worker"] - 4 / 2**10) < 1e-6
+
+
+def _worker(rank: int, world: int, init: str, out) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        rows = [torch.nn.Parameter(torch.zeros(2**10 * (rank + 1), 2**8))]  # rank r: r+1 MiB
+        metrics = loop.memory_metrics(rows, _adam_step(rows), torch.device("cpu"))
+        sums = loop._sum_over_workers({"tokens": 10.0 * (rank + 1)})
+        out.put((rank, metrics, sums))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_table_memory_is_the_largest_shard_over_workers(tmp_path):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_worker, args=(r, 2, init, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for rank, metrics, sums in results:
+        assert abs(metrics["table_gib_per_worker"] - 2 * 4 / 2**10) < 1e-6, rank  # rank 1's 2 MiB x 4
+        assert sums == {"tokens": 30.0}
+
+
+def test_collectives_use_cuda_tensors_under_nccl(monkeypatch):
+    # NCCL reduces CUDA tensors only: a CPU tensor fails there ("No backend type associated
+    # with device type cpu"), so the loop's reductions must build theirs on the GPU.
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert loop._collective_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    assert loop._collective_device() == torch.device("cpu")

@@ -65,10 +65,10 @@ _SPLIT_CONFIGS = [
 _SPLIT_CONFIGS = _tuned(_SPLIT_CONFIGS, _SPLIT_CONFIGS[0])
 
 
-@triton.autotune(configs=_SPLIT_CONFIGS, key=["M", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
+@triton.autotune(configs=_SPLIT_CONFIGS, key=["M_KEY", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
 @triton.jit
 def _forward_kernel(
-    H, E, ACC, MAX, SUM, M, N, ROWS, D: tl.constexpr, RETRIEVE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+    H, E, ACC, MAX, SUM, M, M_KEY, N, ROWS, D: tl.constexpr, RETRIEVE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):
     """Program (query block, slice s of ROWS rows): per query the slice's max m, sum of
     exp(S - m) and (RETRIEVE) sum of exp(S - m) E_j, unnormalised, into [splits, M, ...]."""
@@ -101,10 +101,10 @@ def _forward_kernel(
         tl.store(ACC + out[:, None] * D + offs_d[None, :], acc, mask=offs_m[:, None] < M)
 
 
-@triton.autotune(configs=_SPLIT_CONFIGS, key=["M", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
+@triton.autotune(configs=_SPLIT_CONFIGS, key=["M_KEY", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
 @triton.jit
 def _grad_h_kernel(
-    H, E, DO, LSE, DELTA, DH, M, N, ROWS, D: tl.constexpr, RETRIEVE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+    H, E, DO, LSE, DELTA, DH, M, M_KEY, N, ROWS, D: tl.constexpr, RETRIEVE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):
     """Program (query block, slice s): dH partial = sum over the slice of dS E, into [splits, M, D]."""
     pid_m = tl.program_id(0)
@@ -140,10 +140,10 @@ _ROW_CONFIGS = [
 _ROW_CONFIGS = _tuned(_ROW_CONFIGS, _ROW_CONFIGS[-1])
 
 
-@triton.autotune(configs=_ROW_CONFIGS, key=["M", "D", "RETRIEVE"], reset_to_zero=[])
+@triton.autotune(configs=_ROW_CONFIGS, key=["M_KEY", "D", "RETRIEVE"], reset_to_zero=[])
 @triton.jit
 def _grad_e_kernel(
-    H, E, DO, LSE, DELTA, DE, M, N, D: tl.constexpr, RETRIEVE: tl.constexpr, PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr,
+    H, E, DO, LSE, DELTA, DE, M, M_KEY, N, D: tl.constexpr, RETRIEVE: tl.constexpr, PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):
     """Program (block of BLOCK_N rows of E): dE rows = sum over all queries of dS^T H + P^T dO,
@@ -190,10 +190,19 @@ def _multiprocessors(device: torch.device) -> int:
     return 132
 
 
+def m_key(M: int) -> int:
+    """The autotuning key of a query count: the next power of two. Mention counts change at
+    every training step (batch sizes at every request); keyed on M itself Triton would time
+    every config again for each new count, seconds per step (seen in the first GPU runs of
+    `eae pretrain`)."""
+    return 1 << max(4, (M - 1).bit_length())
+
+
 def _splits(M: int, N: int, device: torch.device, block_m: int = 64) -> tuple[int, int]:
-    """(number of slices of E, rows per slice): about 4 programs per SM in all."""
+    """(number of slices of E, rows per slice): about 4 programs per SM in all, the same for
+    every M of one m_key (a key of the autotuning too)."""
     sms = _multiprocessors(device)
-    blocks = max(1, math.ceil(M / block_m))
+    blocks = max(1, math.ceil(m_key(M) / block_m))
     splits = max(1, min(math.ceil(4 * sms / blocks), math.ceil(N / 128)))
     rows = math.ceil(N / splits / 128) * 128  # a multiple of every BLOCK_N
     return math.ceil(N / rows), rows
@@ -217,7 +226,7 @@ def memory_forward(H: torch.Tensor, E: torch.Tensor, retrieve: bool):
     sm = torch.empty_like(mx)
     acc = torch.empty(splits, M, D, device=H.device, dtype=torch.float32) if retrieve else mx
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-    _forward_kernel[grid](H, E, acc, mx, sm, M, N, rows, D=D, RETRIEVE=retrieve, PRECISION=_precision(E))
+    _forward_kernel[grid](H, E, acc, mx, sm, M, m_key(M), N, rows, D=D, RETRIEVE=retrieve, PRECISION=_precision(E))
     # Merge the slices (base-2 maxima).
     m = mx.amax(0)
     w = torch.exp2(mx - m)
@@ -244,10 +253,10 @@ def memory_backward(H, E, dO, lse, delta, need_dh: bool = True, into: torch.Tens
         splits, rows = _splits(M, N, H.device)
         dh = torch.empty(splits, M, D, device=H.device, dtype=torch.float32)
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-        _grad_h_kernel[grid](H, E, dO, lse, delta, dh, M, N, rows, D=D, RETRIEVE=retrieve, PRECISION=_precision(E))
+        _grad_h_kernel[grid](H, E, dO, lse, delta, dh, M, m_key(M), N, rows, D=D, RETRIEVE=retrieve, PRECISION=_precision(E))
     de = torch.empty(N, D, device=H.device, dtype=torch.float32) if into is None else into
     grid_e = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    _grad_e_kernel[grid_e](H, E, dO, lse, delta, de, M, N, D=D, RETRIEVE=retrieve, PRECISION=_precision(E),
+    _grad_e_kernel[grid_e](H, E, dO, lse, delta, de, M, m_key(M), N, D=D, RETRIEVE=retrieve, PRECISION=_precision(E),
                            ACCUMULATE=into is not None)
     return (dh.sum(0) if need_dh else None), de
 
@@ -299,10 +308,10 @@ def _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T: tl
             tl.store(TSEC + out, second, mask=ok)
 
 
-@triton.autotune(configs=_TILE_CONFIGS, key=["D", "ROWS", "MODE", "PRECISION"],
+@triton.autotune(configs=_TILE_CONFIGS, key=["M_KEY", "D", "ROWS", "MODE", "PRECISION"],
                  prune_configs_by={"early_config_prune": _prune_tile_configs})
 @triton.jit
-def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, N, NT, ROWS, TILES: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
+def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
                       MODE: tl.constexpr, PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RESIDENT: tl.constexpr):
     """Program (query block, slice of ROWS = TILES x T rows): for every query and every tile of
@@ -370,7 +379,7 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2) -> tuple[torch.Te
     M, N = H.shape[0], E.shape[0]
     NT = triton.cdiv(N, TILE_ROWS)
     # About two programs per SM: slices of E side by side for the query blocks.
-    splits = max(1, min(math.ceil(2 * _multiprocessors(H.device) / math.ceil(M / 128)), NT))
+    splits = max(1, min(math.ceil(2 * _multiprocessors(H.device) / math.ceil(m_key(M) / 128)), NT))
     rows = math.ceil(N / splits / 256) * 256  # a multiple of TILE_ROWS
     splits = math.ceil(N / rows)
     shape = (M, NT)
@@ -379,7 +388,7 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2) -> tuple[torch.Te
     tsec = torch.empty(shape, device=H.device, dtype=torch.float32)
     if M:
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-        _tile_top2_kernel[grid](H.contiguous(), E.contiguous(), tmax, targ, tsec, M, N, NT, rows, rows // TILE_ROWS,
+        _tile_top2_kernel[grid](H.contiguous(), E.contiguous(), tmax, targ, tsec, M, m_key(M), N, NT, rows, rows // TILE_ROWS,
                                 D=d, T=TILE_ROWS, MODE=mode,
                                 # float32 tables: exact float32 products (the error bound's premise), not TF32
                                 PRECISION="ieee" if E.dtype == torch.float32 else "tf32")

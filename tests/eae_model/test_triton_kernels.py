@@ -235,3 +235,13 @@ def test_sharded_table_one_worker_with_triton(monkeypatch, case):
     for key in ("retrieved", "lse", "gold", "loss", "grad_h", "grad_E"):
         if key in res:
             assert res[key] <= sharded.TOL, (name, key, res[key])
+
+
+def test_autotuning_key_buckets_mention_counts():
+    """Mention counts change every step: the kernels' autotuning key (and the split of E that
+    is part of it) must not, within a power of two, or every step would re-time every config."""
+    assert triton_kernels.m_key(0) == triton_kernels.m_key(16) == 16
+    assert triton_kernels.m_key(1000) == triton_kernels.m_key(1024) == 1024 < triton_kernels.m_key(1025)
+    cpu = torch.device("cpu")
+    assert {triton_kernels._splits(m, 1_000_000, cpu) for m in (1025, 1126, 1800, 2048)} == {
+        triton_kernels._splits(2048, 1_000_000, cpu)}

@@ -140,7 +140,8 @@ _ROW_CONFIGS = [
 _ROW_CONFIGS = _tuned(_ROW_CONFIGS, _ROW_CONFIGS[-1])
 
 
-@triton.autotune(configs=_ROW_CONFIGS, key=["M_KEY", "D", "RETRIEVE"], reset_to_zero=[])
+# restore_value: with ACCUMULATE the kernel adds into DE, and autotuning runs it once per config.
+@triton.autotune(configs=_ROW_CONFIGS, key=["M_KEY", "D", "RETRIEVE"], restore_value=["DE"])
 @triton.jit
 def _grad_e_kernel(
     H, E, DO, LSE, DELTA, DE, M, M_KEY, N, D: tl.constexpr, RETRIEVE: tl.constexpr, PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr,

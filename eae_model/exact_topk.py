@@ -44,7 +44,8 @@ def chunked_top_k(h: torch.Tensor, E: torch.Tensor, k: int, chunk_rows: int = 65
 
 def error_bound(h: torch.Tensor, E: torch.Tensor, row_norm_max: float | None = None) -> torch.Tensor:
     """[M] float32: a bound on |pass score - rescored score| per query. Both are float32 sums
-    of d exact products (bf16 x bf16 fits in float32): a rounded sum is within
+    of d products, exact for bf16 x bf16 (float32 x float32 products add one rounding each,
+    inside the slack below): a rounded sum is within
     d 2^-24 sum_i |q_i e_i| <= d 2^-24 |q| max_j |E_j| of the exact value, twice that if the
     tensor cores truncate instead of rounding; two such sums: d 2^-22 |q| max_j |E_j|."""
     if row_norm_max is None:
@@ -65,6 +66,9 @@ def tile_top_k(
     if the caller keeps it (else computed, one pass over E)."""
     from eae_model.triton_kernels import TILE_ROWS, rescore, tile_top2
 
+    if h.dtype != E.dtype:
+        raise ValueError(f"queries ({h.dtype}) and table ({E.dtype}) must have one dtype: rounding the "
+                         "queries would change the answer")
     N = E.shape[0]
     k = min(k, N)
     if N < (k + slack) * TILE_ROWS:  # a small table: the reference is as cheap

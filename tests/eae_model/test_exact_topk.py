@@ -69,3 +69,9 @@ def test_error_bound_covers_float32_rounding():
     exact = h.double() @ E.double().T
     rounded = h @ E.T
     assert ((rounded.double() - exact).abs() <= error_bound(h, E)[:, None].double()).all()
+
+
+def test_mixed_dtypes_are_a_clear_error():
+    E, h = _table()
+    with pytest.raises(ValueError, match="one dtype"):
+        tile_top_k(h.double(), E, 5)

@@ -3,6 +3,7 @@ footprint per worker, and the reductions over workers (gloo here; NCCL only on G
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -73,3 +74,28 @@ def test_collectives_use_cuda_tensors_under_nccl(monkeypatch):
     assert loop._collective_device() == torch.device("cuda", 3)
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
     assert loop._collective_device() == torch.device("cpu")
+
+
+def _grads(seed: int, scale: float) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.zeros(5, 3)), torch.nn.Parameter(torch.zeros(7))]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * scale
+    return params
+
+
+def test_sync_and_clip_clips_as_torch_does_and_returns_a_tensor():
+    """One worker: the global norm over replicated and table gradients, clipped like
+    torch.nn.utils.clip_grad_norm_ (no host sync: the norm comes back as a 0-d tensor)."""
+    for scale, max_norm in [(10.0, 1.0), (0.01, 1.0), (10.0, 0.0)]:
+        ours, ref = _grads(0, scale), _grads(0, scale)
+        norm = loop.sync_and_clip(ours[:1], ours[1:], max_norm)
+        assert torch.is_tensor(norm) and norm.dim() == 0
+        want = torch.cat([p.grad.flatten() for p in ref]).norm()
+        torch.testing.assert_close(norm, want)
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(ref, max_norm)
+        for a, b in zip(ours, ref):
+            torch.testing.assert_close(a.grad, b.grad)
+        if scale == 10.0 and max_norm:
+            assert float(torch.cat([p.grad.flatten() for p in ours]).norm()) == pytest.approx(max_norm, rel=1e-5)

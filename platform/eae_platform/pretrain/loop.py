@@ -56,8 +56,11 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def sync_and_clip(replicated: list[torch.nn.Parameter], table: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Average replicated gradients over workers, then clip the global norm. Returns the norm."""
+def sync_and_clip(replicated: list[torch.nn.Parameter], table: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Average replicated gradients over workers, then clip the global norm. Returns the norm,
+    a 0-d tensor: nothing here waits for the GPU (as torch.nn.utils.clip_grad_norm_, every
+    gradient is multiplied by min(1, max_norm / norm)), so the host can prepare the next batch
+    while this step runs."""
     grads = [p.grad for p in replicated if p.grad is not None]
     if _distributed() and grads:
         flat = torch.cat([g.flatten() for g in grads])
@@ -73,12 +76,10 @@ def sync_and_clip(replicated: list[torch.nn.Parameter], table: list[torch.nn.Par
             shard_sq += p.grad.float().pow(2).sum()
     if _distributed():
         dist.all_reduce(shard_sq)  # each rank owns different rows: sum their squares
-    norm = float((sq + shard_sq).sqrt())
-    if max_norm > 0 and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in [*replicated, *table]:
-            if p.grad is not None:
-                p.grad.mul_(scale)
+    norm = (sq + shard_sq).sqrt()
+    every = [p.grad for p in [*replicated, *table] if p.grad is not None]
+    if max_norm > 0 and every:
+        torch._foreach_mul_(every, (max_norm / (norm + 1e-6)).clamp(max=1.0))
     return norm
 
 
@@ -225,7 +226,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
                              "lower the batch size or build more data")
         for step_in_epoch, batch in data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker,
                                                      t.mask_rate, config.model.num_entities, progress["step_in_epoch"]):
-            batch = batch.to(device)
+            host, batch = batch, batch.to(device)
             with autocast:
                 out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
             optimizer.zero_grad(set_to_none=True)
@@ -235,13 +236,15 @@ def train_loop_per_worker(config_dict: dict) -> None:
             scheduler.step()
             with trace.open("a") as f:
                 f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
-                                    "ids": batch.context_ids.tolist()}) + "\n")
+                                    "ids": host.context_ids.tolist()}) + "\n")
             progress.update(step=progress["step"] + 1, step_in_epoch=step_in_epoch + 1)
             window["steps"] += 1
-            window["tokens"] += batch.num_tokens
-            window["loss"] += float(out.loss)
+            # Losses and norms stay on the device until the window's report: a float() here
+            # would make the host wait for the GPU at every step.
+            window["tokens"] += host.num_tokens
+            window["loss"] += out.loss.detach()
             for name, value in out.losses.items():
-                window[f"loss_{name}"] += float(value)
+                window[f"loss_{name}"] += value.detach()
             window["grad_norm"] += grad_norm
             step = progress["step"]
             if first_step:  # optimizer state now exists: the table's steady footprint
@@ -278,7 +281,7 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
 
     seconds = time.perf_counter() - window_start
     n = max(window["steps"], 1)
-    metrics = {k: v / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
+    metrics = {k: float(v) / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
     tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
     metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, lr=scheduler.get_last_lr()[0])
     metrics.update(extra or {})

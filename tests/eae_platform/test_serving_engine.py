@@ -133,6 +133,26 @@ def test_faiss_index_against_exact_search(kind):
     assert len(index) == 5003 and index.search(queries[2:3], 1)[1][0, 0] == 5002
 
 
+def test_triton_flat_index_equals_faiss_flat():
+    """The triton backend (tile_top_k; in CI through Triton's interpreter) answers as
+    IndexFlatIP, also after rows are added; it is exact search only."""
+    rng = np.random.default_rng(1)
+    table = (0.05 * rng.normal(size=(5000, 32))).astype(np.float32)
+    queries = rng.normal(size=(40, 32)).astype(np.float32)
+    faiss_flat = EntityIndex(table, IndexConfig(kind="flat", backend="faiss"))
+    ours = EntityIndex(table, IndexConfig(kind="flat", backend="triton"))
+    assert ours.describe()["backend"] == "triton" and faiss_flat.describe()["backend"] == "faiss"
+    for index in (faiss_flat, ours):
+        index.add(queries[:2] * 0.05)
+    (ws, wi), (gs, gi) = faiss_flat.search(queries, 10), ours.search(queries, 10)
+    assert len(ours) == 5002 and np.array_equal(np.sort(gi, 1), np.sort(wi, 1))
+    assert np.allclose(gs, ws, atol=1e-5) and (gi[:2, 0] == [5000, 5001]).all()
+    with pytest.raises(ValueError, match="flat only"):
+        IndexConfig(kind="ivf", backend="triton")
+    with pytest.raises(ValueError, match="backend"):
+        IndexConfig(backend="cuvs")
+
+
 def test_new_entities_link_at_once_and_survive_a_restart(model_dir, tmp_path):
     store = tmp_path / "store"
     engine = Engine(resolve(str(model_dir)), EngineConfig(entity_store=str(store)))

@@ -1,7 +1,9 @@
 """Top-k entity retrieval through faiss, by inner product (the model's score h . E_j).
 
 kinds:
-  flat   exact search (IndexFlatIP); on a GPU when faiss-gpu is installed and a GPU is visible
+  flat   exact search: IndexFlatIP, on a GPU when faiss-gpu is installed and a GPU is visible;
+         else, with a GPU, eae_model.exact_topk.tile_top_k (backend "triton": the fused Triton
+         pass, no faiss-gpu needed; float32 rows, so IEEE float32 dots: IndexFlatIP's top-k)
   ivf    approximate: an inverted file of `nlist` k-means cells, `nprobe` of them searched
   hnsw   approximate: a graph of `hnsw_m` neighbours per node, `ef_search` candidates per query
 `benchmarks/bench_retrieval.py` prints each kind's recall@k against flat.
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 KINDS = ("flat", "ivf", "hnsw")
+BACKENDS = ("faiss", "triton")
 
 
 @dataclass
@@ -28,10 +31,15 @@ class IndexConfig:
     hnsw_m: int = 32  # hnsw neighbours per node
     ef_search: int = 128  # hnsw candidates kept per query
     use_gpu: bool | None = None  # None: when faiss-gpu and a GPU are there (flat only)
+    backend: str | None = None  # flat only: faiss or triton; None: triton on a GPU without faiss-gpu
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"index kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.backend not in (None, *BACKENDS):
+            raise ValueError(f"index backend must be one of {', '.join(BACKENDS)} or null, got {self.backend!r}")
+        if self.backend == "triton" and self.kind != "flat":
+            raise ValueError("the triton backend is exact search: index kind flat only")
         if self.nprobe <= 0 or self.hnsw_m <= 0 or self.ef_search <= 0 or (self.nlist is not None and self.nlist <= 0):
             raise ValueError("nlist, nprobe, hnsw_m and ef_search must be positive")
 
@@ -40,6 +48,62 @@ def gpu_available() -> bool:
     import faiss
 
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def _triton_device(config: IndexConfig):
+    """Where the triton backend runs, or None where it does not apply: asked for, it needs a
+    GPU (or Triton's interpreter, CPU tests); by default it serves a flat index on a GPU when
+    faiss-gpu is absent and use_gpu is not false."""
+    import torch
+
+    from eae_model.fused_memory import triton_interpreted
+
+    if config.backend == "triton":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if triton_interpreted():
+            return torch.device("cpu")
+        raise RuntimeError("index backend triton needs a GPU (or TRITON_INTERPRET=1)")
+    if config.backend is None and config.kind == "flat" and config.use_gpu is not False and torch.cuda.is_available():
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return None
+        return None if gpu_available() else torch.device("cuda")
+    return None
+
+
+class TritonFlatIndex:
+    """IndexFlatIP's interface (ntotal, add, search) over float32 rows kept on the device,
+    searched exactly by eae_model.exact_topk.tile_top_k."""
+
+    def __init__(self, rows: np.ndarray, device):
+        import torch
+
+        self.torch, self.device = torch, device
+        self.rows = torch.from_numpy(rows).to(device)
+        self.norm_max = 0.0  # max_j |E_j|, tile_top_k's error bound
+        self._grow(self.rows)
+
+    def _grow(self, new) -> None:
+        if new.shape[0]:
+            self.norm_max = max(self.norm_max, float(new.norm(dim=1).max()))
+
+    @property
+    def ntotal(self) -> int:
+        return self.rows.shape[0]
+
+    def add(self, rows: np.ndarray) -> None:
+        new = self.torch.from_numpy(rows).to(self.device)
+        self.rows = self.torch.cat([self.rows, new])
+        self._grow(new)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        from eae_model.exact_topk import tile_top_k
+
+        q = self.torch.from_numpy(queries).to(self.device)
+        scores, ids = tile_top_k(q, self.rows, k, row_norm_max=self.norm_max)
+        return scores.cpu().numpy(), ids.cpu().numpy()
 
 
 class EntityIndex:
@@ -53,6 +117,12 @@ class EntityIndex:
         entities = np.ascontiguousarray(entities, dtype=np.float32)
         n, d = entities.shape
         self.dim = d
+        self.backend = "faiss"
+        device = _triton_device(c)
+        if device is not None:
+            self.index, self.backend = TritonFlatIndex(entities, device), "triton"
+            self.device = "gpu" if device.type == "cuda" else "cpu"
+            return
         if c.kind == "flat":
             index = faiss.IndexFlatIP(d)
         elif c.kind == "ivf":
@@ -92,4 +162,5 @@ class EntityIndex:
     def describe(self) -> dict:
         c = self.config
         extra = {"ivf": {"nprobe": getattr(self.index, "nprobe", c.nprobe)}, "hnsw": {"ef_search": c.ef_search}}
-        return {"kind": c.kind, "device": self.device, "entities": len(self), "dim": self.dim, **extra.get(c.kind, {})}
+        return {"kind": c.kind, "backend": self.backend, "device": self.device, "entities": len(self), "dim": self.dim,
+                **extra.get(c.kind, {})}

@@ -90,7 +90,8 @@ def test_health_ready_docs_and_binding(server):
     assert call(server.url, "/healthz") == (200, {"status": "ok"})
     status, ready = call(server.url, "/readyz")
     assert status == 200 and ready["ready"] and ready["model"]["entities"] >= 512
-    assert ready["model"]["index"] == {"kind": "flat", "device": "cpu", "entities": ready["model"]["entities"], "dim": 32}
+    assert ready["model"]["index"] == {"kind": "flat", "backend": "faiss", "device": "cpu",
+                                       "entities": ready["model"]["entities"], "dim": 32}
     status, spec = call(server.url, "/openapi.json")
     assert status == 200 and {"/v1/link", "/rel", "/v1/answer", "/v1/entities"} <= set(spec["paths"])
     assert call(server.url, "/docs")[0] == 200

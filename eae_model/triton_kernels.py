@@ -177,7 +177,7 @@ def _grad_e_kernel(
 
 def _check(H: torch.Tensor, E: torch.Tensor) -> None:
     if not INTERPRET and not (H.is_cuda and E.is_cuda):
-        raise ValueError("the Triton memory kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
+        raise ValueError("the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     d = H.shape[1]
     if E.shape[1] != d or d & (d - 1) or d < 16:
         raise ValueError(f"entity dim must be a power of two >= 16 for the Triton kernels, got {d}")
@@ -374,9 +374,8 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2) -> tuple[torch.Te
     mode < 2: see _tile_epilogue (benchmarks only; the missing outputs are left unwritten).
     (Measured on an H100: storing [NT, M], each tile's store contiguous, made the pass 2%
     faster but the top-k over tiles 50% slower.)"""
+    _check(H, E)
     d = H.shape[1]
-    if E.shape[1] != d or d & (d - 1) or d < 16:
-        raise ValueError(f"entity dim must be a power of two >= 16 for the Triton kernels, got {d}")
     M, N = H.shape[0], E.shape[0]
     NT = triton.cdiv(N, TILE_ROWS)
     # About two programs per SM: slices of E side by side for the query blocks.

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 KINDS = ("flat", "ivf", "hnsw")
 BACKENDS = ("faiss", "triton")
@@ -54,8 +55,6 @@ def _triton_device(config: IndexConfig):
     """Where the triton backend runs, or None where it does not apply: asked for, it needs a
     GPU (or Triton's interpreter, CPU tests); by default it serves a flat index on a GPU when
     faiss-gpu is absent and use_gpu is not false."""
-    import torch
-
     from eae_model.fused_memory import triton_interpreted
 
     if config.backend == "triton":
@@ -78,9 +77,7 @@ class TritonFlatIndex:
     searched exactly by eae_model.exact_topk.tile_top_k."""
 
     def __init__(self, rows: np.ndarray, device):
-        import torch
-
-        self.torch, self.device = torch, device
+        self.device = device
         self.rows = torch.from_numpy(rows).to(device)
         self.norm_max = 0.0  # max_j |E_j|, tile_top_k's error bound
         self._grow(self.rows)
@@ -94,14 +91,14 @@ class TritonFlatIndex:
         return self.rows.shape[0]
 
     def add(self, rows: np.ndarray) -> None:
-        new = self.torch.from_numpy(rows).to(self.device)
-        self.rows = self.torch.cat([self.rows, new])
+        new = torch.from_numpy(rows).to(self.device)
+        self.rows = torch.cat([self.rows, new])
         self._grow(new)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         from eae_model.exact_topk import tile_top_k
 
-        q = self.torch.from_numpy(queries).to(self.device)
+        q = torch.from_numpy(queries).to(self.device)
         scores, ids = tile_top_k(q, self.rows, k, row_norm_max=self.norm_max)
         return scores.cpu().numpy(), ids.cpu().numpy()
 

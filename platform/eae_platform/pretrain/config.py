@@ -36,6 +36,10 @@ class TrainConfig:
     use_gpu: bool = False
     shard_entity_table: bool = True  # rows of E partitioned over workers (parameter-server style)
     log_every: int = 10
+    prefetch_batches: int = 2  # batches read and collated ahead by a background thread (0: none)
+    # every batch padded to model.max_length (one shape for all steps: cuDNN attention and Triton
+    # plan per shape) or to its longest context; None: fixed on GPUs, longest on CPUs
+    pad_to_max_length: bool | None = None
     checkpoint_every: int = 100
     eval_batches: int = 20  # dev batches per evaluation (0: the whole dev split)
     max_failures: int = 0  # worker crashes survived by restarting from the last checkpoint
@@ -54,6 +58,8 @@ class TrainConfig:
         for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if self.prefetch_batches < 0:
+            problems.append(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
         if not 0 <= self.mask_rate <= 1 or not 0 <= self.warmup_fraction < 1:
             problems.append("mask_rate must be in [0, 1] and warmup_fraction in [0, 1)")
         if problems:

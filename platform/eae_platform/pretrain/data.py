@@ -17,6 +17,9 @@ Shards are the unit of assignment: build data with enough files per split (`eae 
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,28 +63,43 @@ class Batch:
     mlm_labels: torch.Tensor  # [B, L], original token at masked positions, IGNORE elsewhere
     mentions: Mentions
 
-    def to(self, device: torch.device | str) -> "Batch":
-        return Batch(
-            self.context_ids.to(device),
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.mlm_labels.to(device),
-            self.mentions.to(device),
-        )
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        m = self.mentions
+        mentions = Mentions(move(m.batch_ids), move(m.starts), move(m.ends), move(m.entity_ids))
+        return Batch(move(self.context_ids), move(self.input_ids), move(self.attention_mask),
+                     move(self.mlm_labels), mentions)
+
+    def pin_memory(self) -> "Batch":
+        """The same batch in page-locked host memory: its copy to a GPU with non_blocking=True
+        is queued on the stream instead of making the host wait for the GPU's queue to drain
+        (what a copy from pageable memory does)."""
+        m = self.mentions
+        mentions = Mentions(m.batch_ids.pin_memory(), m.starts.pin_memory(), m.ends.pin_memory(),
+                            m.entity_ids.pin_memory())
+        return Batch(self.context_ids.pin_memory(), self.input_ids.pin_memory(),
+                     self.attention_mask.pin_memory(), self.mlm_labels.pin_memory(), mentions)
 
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
 
-def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float, num_entities: int | None) -> Batch:
+def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float, num_entities: int | None,
+            pad_to: int | None = None) -> Batch:
     """Ray Data numpy batch (columns of per-row arrays) -> a padded, masked Batch.
 
     Entity ids >= num_entities (data built with a larger vocabulary than the model's table)
-    become unlinked; None keeps them as they are."""
+    become unlinked; None keeps them as they are. pad_to: every batch padded to this length
+    (GPUs: one shape for every step; a new sequence length costs a new attention plan, ~1-2 s
+    on an H100) instead of its longest context."""
     context_ids = rows["context_id"].astype(np.int64)
     tokens = rows["token_ids"]
     batch, length = len(tokens), max(len(t) for t in tokens)
+    if pad_to is not None:
+        if length > pad_to:
+            raise ValueError(f"a context of {length} tokens is longer than pad_to={pad_to}")
+        length = pad_to
     input_ids = np.zeros((batch, length), dtype=np.int64)
     attention = np.zeros((batch, length), dtype=np.int64)
     labels = np.full((batch, length), IGNORE, dtype=np.int64)
@@ -110,7 +128,7 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
     return Batch(as_t(context_ids), as_t(input_ids), as_t(attention), as_t(labels), mentions)
 
 
-def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0):
+def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None):
     """The rank's batches of one epoch (Ray Data streaming, order preserved), after skipping
     the first `skip_steps` (resumption); stops at steps_per_epoch."""
     import ray.data
@@ -128,10 +146,64 @@ def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_
     for step, rows in enumerate(dataset.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True)):
         if step < skip_steps:
             continue
-        yield step, collate(rows, seed, epoch, mask_rate, num_entities)
+        yield step, collate(rows, seed, epoch, mask_rate, num_entities, pad_to)
 
 
-def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities, max_batches=0):
+_DONE = object()
+
+
+def prefetch(items: Iterator, depth: int, pin: bool = False) -> Iterator:
+    """`items` in order, produced up to `depth` ahead by a background thread, so that reading
+    (Ray Data) and collating the next batches overlap the current training step. pin: each
+    (step, Batch) item's batch is put in page-locked memory by that thread (GPU training).
+    depth 0: no thread, the items as they come. An exception in the producer is raised here;
+    closing this generator early (the loop reached max_steps) stops the producer."""
+    if depth <= 0:
+        yield from items
+        return
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if pin:
+                    step, batch = item
+                    item = (step, batch.pin_memory())
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
+            put(error)
+
+    thread = threading.Thread(target=produce, name="eae-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        close = getattr(items, "close", None)
+        if close is not None and not thread.is_alive():
+            close()  # the source generator (its Ray Data iterator) ends in this thread
+
+
+def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities, max_batches=0, pad_to=None):
     """Evaluation batches: every rank reads all (small) dev files in order and keeps every
     world_size-th row of each global batch, so all ranks run the same number of steps (the
     sharded table's collectives need every rank in every call). Masks are drawn as in
@@ -149,4 +221,4 @@ def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities
     ctx.enable_progress_bars = False
     dataset = ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(steps * batch_size * world_size)
     for rows in dataset.iter_batches(batch_size=batch_size * world_size, batch_format="numpy", drop_last=True):
-        yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities)
+        yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities, pad_to)

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
+from contextlib import closing
 from pathlib import Path
 
 import torch
@@ -37,6 +38,13 @@ def lr_lambda(total_steps: int, warmup_fraction: float):
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
     return factor
+
+
+def pad_to(config: PretrainConfig) -> int | None:
+    """The fixed sequence length of every batch (train.pad_to_max_length; default: on GPUs),
+    or None: each batch as long as its longest context."""
+    fixed = config.train.pad_to_max_length
+    return config.model.max_length if (config.train.use_gpu if fixed is None else fixed) else None
 
 
 def build_model(config: PretrainConfig) -> EaEModel:
@@ -157,7 +165,7 @@ def evaluate(model: EaEModel, config: PretrainConfig, rank: int, world_size: int
     sums = defaultdict(float)
     model.eval()
     batches = data.iter_eval(files, t.seed, rank, world_size, t.batch_per_worker, t.mask_rate,
-                             config.model.num_entities, t.eval_batches)
+                             config.model.num_entities, t.eval_batches, pad_to(config))
     for batch in batches:
         batch = batch.to(device)
         out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
@@ -224,49 +232,61 @@ def train_loop_per_worker(config_dict: dict) -> None:
         if data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker) == 0:
             raise ValueError(f"fewer than batch_per_worker={t.batch_per_worker} training rows per worker: "
                              "lower the batch size or build more data")
-        for step_in_epoch, batch in data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker,
-                                                     t.mask_rate, config.model.num_entities, progress["step_in_epoch"]):
-            host, batch = batch, batch.to(device)
-            with autocast:
-                out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
-            optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            grad_norm = sync_and_clip(list(replicated.values()), list(table.values()), t.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            with trace.open("a") as f:
-                f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
-                                    "ids": host.context_ids.tolist()}) + "\n")
-            progress.update(step=progress["step"] + 1, step_in_epoch=step_in_epoch + 1)
-            window["steps"] += 1
-            # Losses and norms stay on the device until the window's report: a float() here
-            # would make the host wait for the GPU at every step.
-            window["tokens"] += host.num_tokens
-            window["loss"] += out.loss.detach()
-            for name, value in out.losses.items():
-                window[f"loss_{name}"] += value.detach()
-            window["grad_norm"] += grad_norm
-            step = progress["step"]
-            if first_step:  # optimizer state now exists: the table's steady footprint
-                first_step = False
-                table_metrics = memory_metrics(list(table.values()), optimizer, device)
-                if tracker is not None:
-                    tracker.log_metrics({"table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
-                    print(f"entity table per worker (rows + grad + Adam state): "
-                          f"{table_metrics['table_gib_per_worker']:.3f} GiB", flush=True)
-            if step % t.log_every == 0 or step == t.max_steps:
-                _report(window, window_start, step, scheduler, tracker, world_size,
-                        memory_metrics(list(table.values()), optimizer, device))
-                window, window_start = defaultdict(float), time.perf_counter()
-            if step % t.checkpoint_every == 0 or step == t.max_steps:
-                metrics = evaluate(model, config, rank, world_size, device)
-                if tracker is not None and metrics:
-                    tracker.log_metrics(metrics, step)
-                _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
-            if step >= t.max_steps:
-                break
-        else:
-            progress.update(epoch=progress["epoch"] + 1, step_in_epoch=0)
+        batches = data.prefetch(
+            data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
+                            config.model.num_entities, progress["step_in_epoch"], pad_to(config)),
+            t.prefetch_batches, pin=device.type == "cuda")
+        with closing(batches):  # an early stop or an error ends the prefetch thread
+            while True:
+                waited = time.perf_counter()
+                item = next(batches, None)
+                # How long the step waited for its batch: > 0 only when reading and collating (in
+                # the prefetch thread) fall behind the GPU.
+                window["data_wait_s"] += time.perf_counter() - waited
+                if item is None:  # the epoch is over
+                    progress.update(epoch=progress["epoch"] + 1, step_in_epoch=0)
+                    break
+                step_in_epoch, host = item
+                # From pinned memory the copy joins the GPU's queue: the host goes on launching.
+                batch = host.to(device, non_blocking=device.type == "cuda")
+                with autocast:
+                    out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
+                optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                grad_norm = sync_and_clip(list(replicated.values()), list(table.values()), t.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                with trace.open("a") as f:
+                    f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
+                                        "ids": host.context_ids.tolist()}) + "\n")
+                progress.update(step=progress["step"] + 1, step_in_epoch=step_in_epoch + 1)
+                window["steps"] += 1
+                # Losses and norms stay on the device until the window's report: a float() here
+                # would make the host wait for the GPU at every step.
+                window["tokens"] += host.num_tokens
+                window["loss"] += out.loss.detach()
+                for name, value in out.losses.items():
+                    window[f"loss_{name}"] += value.detach()
+                window["grad_norm"] += grad_norm
+                step = progress["step"]
+                if first_step:  # optimizer state now exists: the table's steady footprint
+                    first_step = False
+                    table_metrics = memory_metrics(list(table.values()), optimizer, device)
+                    if tracker is not None:
+                        tracker.log_metrics({"table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
+                        print(f"entity table per worker (rows + grad + Adam state): "
+                              f"{table_metrics['table_gib_per_worker']:.3f} GiB", flush=True)
+                if step % t.log_every == 0 or step == t.max_steps:
+                    _report(window, window_start, step, scheduler, tracker, world_size,
+                            memory_metrics(list(table.values()), optimizer, device))
+                    window, window_start = defaultdict(float), time.perf_counter()
+                if step % t.checkpoint_every == 0 or step == t.max_steps:
+                    metrics = evaluate(model, config, rank, world_size, device)
+                    if tracker is not None and metrics:
+                        tracker.log_metrics(metrics, step)
+                    _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
+                if step >= t.max_steps:
+                    break
     if t.out:
         _save_final(model, config, rank, Path(t.out))
     if tracker is not None:
@@ -283,13 +303,16 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
     n = max(window["steps"], 1)
     metrics = {k: float(v) / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
     tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
+    # the slowest worker's wait sets the pace of every step (the collectives wait for it)
+    metrics.update(_max_over_workers({"data_wait_s": window["data_wait_s"] / n}))
     metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, lr=scheduler.get_last_lr()[0])
     metrics.update(extra or {})
     if tracker is not None:
         tracker.log_metrics(metrics, step)
         print(f"step {step}: loss {metrics['loss']:.3f} "
               + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
-              + f" | {metrics['tokens_per_s']:,.0f} tokens/s"
+              + f" | {metrics['tokens_per_s']:,.0f} tokens/s, {metrics['step_time_s']:.3f} s/step"
+              + f" (waiting for data {metrics['data_wait_s']:.3f})"
               + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""), flush=True)
     ray.train.report({"step": step, **metrics})
 

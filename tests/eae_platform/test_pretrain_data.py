@@ -1,0 +1,108 @@
+"""The pretraining loop's batch prefetching (`data.prefetch`): order, errors, early stops and
+reading ahead. Run in threads only; the whole loop with prefetching runs in test_pretrain.py
+(exact resumption after a kill)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from eae_platform.pretrain import data
+
+
+class Source:
+    """A generator of 0..n-1 that records how many items were produced and whether it was closed."""
+
+    def __init__(self, n: int, fail_at: int | None = None):
+        self.n, self.fail_at = n, fail_at
+        self.produced = 0
+        self.closed = False
+        self.more = threading.Condition()
+
+    def __iter__(self):
+        try:
+            for i in range(self.n):
+                if i == self.fail_at:
+                    raise RuntimeError(f"unreadable shard at item {i}")
+                with self.more:
+                    self.produced += 1
+                    self.more.notify_all()
+                yield i
+        finally:
+            self.closed = True
+
+    def wait_produced(self, count: int, timeout: float = 10.0) -> bool:
+        with self.more:
+            return self.more.wait_for(lambda: self.produced >= count, timeout)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_prefetch_yields_every_item_in_order(depth):
+    assert list(data.prefetch(iter(Source(25)), depth)) == list(range(25))
+
+
+def test_prefetch_reads_ahead_up_to_its_depth():
+    source = Source(100)
+    stream = data.prefetch(iter(source), depth=3)
+    assert next(stream) == 0
+    # while the consumer holds item 0 (its training step), the thread fills the queue: items
+    # 1-3 wait in it and item 4 is produced and held until there is room
+    assert source.wait_produced(5)
+    assert not source.wait_produced(6, timeout=0.5)
+    assert next(stream) == 1
+    assert source.wait_produced(6)
+    stream.close()
+
+
+def test_producer_errors_reach_the_consumer():
+    stream = data.prefetch(iter(Source(10, fail_at=4)), depth=2)
+    assert [next(stream) for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(RuntimeError, match="unreadable shard at item 4"):
+        next(stream)
+
+
+def test_closing_early_stops_the_thread_and_closes_the_source():
+    source = Source(1000)
+    before = {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"}
+    stream = data.prefetch(iter(source), depth=2)
+    assert next(stream) == 0
+    stream.close()
+    assert source.closed
+    assert {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} == before
+    assert source.produced < 10
+
+
+def _rows():
+    import numpy as np
+
+    obj = lambda *xs: np.array([np.array(x, dtype=np.int64) for x in xs], dtype=object)  # noqa: E731
+    return {"context_id": np.array([7, 8]), "token_ids": obj([101, 5, 6, 7, 102], [101, 9, 102]),
+            "mention_starts": obj([1], [1]), "mention_ends": obj([2], [1]), "mention_entity_ids": obj([3], [-1])}
+
+
+def test_collate_pads_to_a_fixed_length_with_the_same_content():
+    import torch
+
+    natural = data.collate(_rows(), seed=0, epoch=0, mask_rate=0.5, num_entities=None)
+    fixed = data.collate(_rows(), seed=0, epoch=0, mask_rate=0.5, num_entities=None, pad_to=16)
+    assert natural.input_ids.shape == (2, 5) and fixed.input_ids.shape == (2, 16)
+    for name in ("input_ids", "attention_mask", "mlm_labels"):
+        a, b = getattr(natural, name), getattr(fixed, name)
+        assert torch.equal(b[:, :5], a), name
+    assert fixed.attention_mask[:, 5:].sum() == 0 and (fixed.mlm_labels[:, 5:] == natural.mlm_labels[1, 4]).all()
+    assert torch.equal(fixed.mentions.starts, natural.mentions.starts)
+    with pytest.raises(ValueError, match="longer than pad_to=4"):
+        data.collate(_rows(), seed=0, epoch=0, mask_rate=0.5, num_entities=None, pad_to=4)
+
+
+@pytest.mark.parametrize("use_gpu,fixed,expected", [(True, None, 128), (False, None, None), (False, True, 128),
+                                                    (True, False, None)])
+def test_batches_are_padded_to_max_length_on_gpus_by_default(use_gpu, fixed, expected):
+    from eae_platform.pretrain.config import load_pretrain_config
+    from eae_platform.pretrain.loop import pad_to
+
+    config = load_pretrain_config(preset="tiny", overrides=[
+        "model.max_length=128", f"train.use_gpu={str(use_gpu).lower()}",
+        f"train.pad_to_max_length={'null' if fixed is None else str(fixed).lower()}"])
+    assert pad_to(config) == expected

@@ -5,8 +5,7 @@ with the running top-k.
 
 `tile_top_k` (Triton; CUDA, or CPU under Triton's interpreter), for serving: one fused pass
 over E (eae_model.triton_kernels.tile_top2) keeps, per query and tile of 128 rows, only the
-best score, its row and the second-best score (scores rounded down a little, keeping their
-order: the row travels in the score's low bits); the [M, N] scores never reach memory. Then:
+best score, its row and the second-best score; the [M, N] scores never reach memory. Then:
 
 - v, the k-th largest tile maximum, bounds the k-th best score from below (those k maxima
   are k distinct rows). With eps bounding the pass's float error, every row of the true
@@ -65,7 +64,7 @@ def tile_top_k(
     """h [M, d], E [N, d] (bf16 for speed; CUDA, or CPU under TRITON_INTERPRET=1) ->
     (scores [M, k] float32, ids [M, k] int64), sorted descending. row_norm_max: max_j |E_j|,
     if the caller keeps it (else computed, one pass over E)."""
-    from eae_model.triton_kernels import KEY_ERROR, TILE_ROWS, rescore, tile_top2
+    from eae_model.triton_kernels import TILE_ROWS, rescore, tile_top2
 
     if h.dtype != E.dtype:
         raise ValueError(f"queries ({h.dtype}) and table ({E.dtype}) must have one dtype: rounding the "
@@ -81,13 +80,10 @@ def tile_top_k(
     for a in range(0, h.shape[0], query_block):
         q = h[a : a + query_block].contiguous()
         tmax, targ, tsec = tile_top2(q, E)  # [Mq, NT] each
+        NT = tmax.shape[1]
         kt = k + slack
         best, tiles = tmax.topk(kt, dim=1)  # the best kt tiles, sorted
-        # the pass's float error, plus the packed keys' rounding down of every score it returns
-        # (a rounding that keeps their order: see triton_kernels._tile_epilogue)
-        eps = error_bound(q, E, row_norm_max)
-        eps = eps + 2 * KEY_ERROR * (q.float().norm(dim=1) * row_norm_max + eps)
-        tau = best[:, k - 1] - 2 * eps
+        tau = best[:, k - 1] - 2 * error_bound(q, E, row_norm_max)
         complete = best[:, -1] < tau  # every tile with a score >= tau is among the kt taken
         above = best >= tau[:, None]
         flagged = above & (tsec.gather(1, tiles) >= tau[:, None])  # two rows >= tau: read whole

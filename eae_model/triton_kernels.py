@@ -291,35 +291,14 @@ def _prune_tile_configs(configs, named_args, **kwargs):
     return [c for c in configs if (d <= 256 if c.kwargs["RESIDENT"] else d % c.kwargs["BLOCK_K"] == 0)]
 
 
-KEY_ERROR = 2.0**-16  # MODE 3's change of the scores it returns, relative to their magnitude
-
-
 @triton.jit
 def _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T: tl.constexpr, MODE: tl.constexpr):
     """Scores s [BLOCK_M, T] of one tile starting at row n0 -> its best score, best row and
-    second-best score per query. MODE 3 all three from packed keys (below); 2 all three
-    exactly; 1 without the second; 0 the best score only (the last two: `eae bench topk`'s
-    measure of what the epilogue costs).
-
-    MODE 3 packs the row into the score: the low log2(T) bits of the float32's mantissa
-    replaced by the row within the tile. That moves a score by < 2^-16 of its magnitude
-    (KEY_ERROR: exact_topk.tile_top_k widens its bound by it) and keeps the order of scores
-    that differ by more; equal packed scores are the same row. One float max then gives the
-    best score and its row (an argmax is a costlier reduction over (value, index) pairs), the
-    largest other packed score the second-best: with d = 256 the tensor cores need only as
-    long for a score as the CUDA cores for ~6 simple operations, so the epilogue's operations
-    per score set the pass's speed."""
+    second-best score per query. MODE 2 all three; 1 without the second; 0 the best score
+    only (the last two: `eae bench topk`'s measure of what the epilogue costs)."""
     out = offs_m * NT + n0 // T
     ok = q_ok & (n0 < end)
-    if MODE == 3:
-        bits = (s.to(tl.int32, bitcast=True) & -T) | offs_t[None, :]  # -T: every bit but the low log2(T)
-        packed = bits.to(tl.float32, bitcast=True)
-        top = tl.max(packed, axis=1)
-        second = tl.max(tl.where(packed == top[:, None], -float("inf"), packed), axis=1)
-        tl.store(TMAX + out, top, mask=ok)
-        tl.store(TARG + out, n0 + (top.to(tl.int32, bitcast=True) & (T - 1)), mask=ok)
-        tl.store(TSEC + out, second, mask=ok)
-    elif MODE == 0:
+    if MODE == 0:
         tl.store(TMAX + out, tl.max(s, axis=1), mask=ok)
     else:
         best, arg = tl.max(s, axis=1, return_indices=True)
@@ -342,9 +321,6 @@ def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.c
     every slice, the last slice's extra tiles masked."""
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
-    # rows past the table score FLOOR: below any real score, finite so that packing a row into
-    # it (_tile_epilogue) cannot make a NaN
-    FLOOR: tl.constexpr = -3.0e38
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_t = tl.arange(0, T)
     q_ok = offs_m < M
@@ -359,7 +335,7 @@ def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.c
             e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
             s = tl.dot(q, tl.trans(e), input_precision=PRECISION)
             if n0 + T > end:  # the table's last, partial tile only: two operations per score saved
-                s = tl.where(offs_n[None, :] < end, s, FLOOR)
+                s = tl.where(offs_n[None, :] < end, s, -float("inf"))
             _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
     else:
         KT: tl.constexpr = D // BLOCK_K
@@ -375,7 +351,7 @@ def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.c
             if kk == KT - 1:
                 s = acc
                 if n0 + T > end:
-                    s = tl.where(offs_n[None, :] < end, s, FLOOR)
+                    s = tl.where(offs_n[None, :] < end, s, -float("inf"))
                 _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
                 acc = tl.zeros([BLOCK_M, T], tl.float32)
 
@@ -396,11 +372,10 @@ def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexp
     tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
 
 
-def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """H [M, d], E [N, d] -> per query and tile of TILE_ROWS rows: (best score [M, NT] fp32,
     its row id [M, NT] int32, second-best score [M, NT] fp32), NT = ceil(N / TILE_ROWS).
-    mode 3: scores rounded down by < KEY_ERROR of their magnitude; 2: as the pass computed
-    them; < 2: see _tile_epilogue (benchmarks only; the missing outputs are left unwritten).
+    mode < 2: see _tile_epilogue (benchmarks only; the missing outputs are left unwritten).
     (Measured on an H100: storing [NT, M], each tile's store contiguous, made the pass 2%
     faster but the top-k over tiles 50% slower.)"""
     _check(H, E)

@@ -152,10 +152,12 @@ def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_
 _DONE = object()
 
 
-def prefetch(items: Iterator, depth: int, pin: bool = False) -> Iterator:
+def prefetch(items: Iterator, depth: int, pin_for: torch.device | None = None) -> Iterator:
     """`items` in order, produced up to `depth` ahead by a background thread, so that reading
-    (Ray Data) and collating the next batches overlap the current training step. pin: each
-    (step, Batch) item's batch is put in page-locked memory by that thread (GPU training).
+    (Ray Data) and collating the next batches overlap the current training step. pin_for: a
+    CUDA device; each (step, Batch) item's batch is put in page-locked memory by that thread,
+    with that device current (Ray Train can show a worker every GPU of its node: the thread
+    must not open a context on another worker's GPU).
     depth 0: no thread, the items as they come. An exception in the producer is raised here;
     closing this generator early (the loop reached max_steps) stops the producer."""
     if depth <= 0:
@@ -175,8 +177,10 @@ def prefetch(items: Iterator, depth: int, pin: bool = False) -> Iterator:
 
     def produce() -> None:
         try:
+            if pin_for is not None:
+                torch.cuda.set_device(pin_for)
             for item in items:
-                if pin:
+                if pin_for is not None:
                     step, batch = item
                     item = (step, batch.pin_memory())
                 if not put(item):

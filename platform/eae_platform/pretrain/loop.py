@@ -235,7 +235,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
         batches = data.prefetch(
             data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
                             config.model.num_entities, progress["step_in_epoch"], pad_to(config)),
-            t.prefetch_batches, pin=device.type == "cuda")
+            t.prefetch_batches, pin_for=device if device.type == "cuda" else None)
         with closing(batches):  # an early stop or an error ends the prefetch thread
             while True:
                 waited = time.perf_counter()

@@ -106,3 +106,28 @@ def test_batches_are_padded_to_max_length_on_gpus_by_default(use_gpu, fixed, exp
         "model.max_length=128", f"train.use_gpu={str(use_gpu).lower()}",
         f"train.pad_to_max_length={'null' if fixed is None else str(fixed).lower()}"])
     assert pad_to(config) == expected
+
+
+def test_step_profiler_writes_the_profiled_steps_summary(tmp_path):
+    import torch
+
+    from eae_platform.pretrain.profiling import StepProfiler, parse_steps
+
+    out = tmp_path / "profile-rank0.txt"
+    profiler = StepProfiler(parse_steps("2:3"), out, torch.device("cpu"))
+    x = torch.randn(64, 64)
+    for step in range(1, 6):
+        profiler.before(step)
+        x = (x @ x).tanh()
+        profiler.after(step)
+        assert out.is_file() == (step >= 3)
+    text = out.read_text()
+    assert text.startswith("steps 2-3: wall ") and "aten::mm" in text
+
+
+@pytest.mark.parametrize("text", ["3", "0:2", "5:4", "a:b"])
+def test_bad_profile_steps_are_a_clear_error(text):
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    with pytest.raises(ValueError, match="profile_steps"):
+        load_pretrain_config(preset="tiny", overrides=[f"train.profile_steps='{text}'"])

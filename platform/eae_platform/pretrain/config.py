@@ -40,6 +40,7 @@ class TrainConfig:
     # every batch padded to model.max_length (one shape for all steps: cuDNN attention and Triton
     # plan per shape) or to its longest context; None: fixed on GPUs, longest on CPUs
     pad_to_max_length: bool | None = None
+    profile_steps: str | None = None  # "FIRST:LAST": torch.profiler over those steps -> profile-rank<r>.txt
     checkpoint_every: int = 100
     eval_batches: int = 20  # dev batches per evaluation (0: the whole dev split)
     max_failures: int = 0  # worker crashes survived by restarting from the last checkpoint
@@ -58,6 +59,12 @@ class TrainConfig:
         for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        from eae_platform.pretrain.profiling import parse_steps
+
+        try:
+            parse_steps(self.profile_steps)
+        except ValueError as error:
+            problems.append(str(error))
         if self.prefetch_batches < 0:
             problems.append(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
         if not 0 <= self.mask_rate <= 1 or not 0 <= self.warmup_fraction < 1:

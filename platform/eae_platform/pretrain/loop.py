@@ -25,6 +25,7 @@ from eae_model.checkpoint import VOCAB_FILES
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data, state
+from eae_platform.pretrain.profiling import StepProfiler, parse_steps
 from eae_platform.pretrain.config import PretrainConfig
 
 
@@ -223,6 +224,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
     trace = Path(t.storage_path) / t.name / f"examples-rank{rank}.jsonl"  # consumed example ids (tests, audits)
     trace.parent.mkdir(parents=True, exist_ok=True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    profiler = StepProfiler(parse_steps(t.profile_steps), trace.parent / f"profile-rank{rank}.txt", device)
     model.train()
     window = defaultdict(float)
     window_start = time.perf_counter()
@@ -238,6 +240,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
             t.prefetch_batches, pin_for=device if device.type == "cuda" else None)
         with closing(batches):  # an early stop or an error ends the prefetch thread
             while True:
+                profiler.before(progress["step"] + 1)
                 waited = time.perf_counter()
                 item = next(batches, None)
                 # How long the step waited for its batch: > 0 only when reading and collating (in
@@ -256,6 +259,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
                 grad_norm = sync_and_clip(list(replicated.values()), list(table.values()), t.grad_clip)
                 optimizer.step()
                 scheduler.step()
+                profiler.after(progress["step"] + 1)
                 with trace.open("a") as f:
                     f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
                                         "ids": host.context_ids.tolist()}) + "\n")

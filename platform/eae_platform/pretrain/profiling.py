@@ -1,0 +1,69 @@
+"""`train.profile_steps`: torch.profiler over a few training steps of every worker, to see
+where a step's time goes in the real job (data, collectives, host syncs and all).
+
+Writes `profile-rank<r>.txt` beside the run's example traces: the step's wall time, the GPU
+kernels' total time (on a GPU; the rest of the wall time is the GPU waiting for the host or
+for another worker) and the top operators by device and by host time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """"first:last" (1-based, inclusive) -> (first, last); None or "" -> None."""
+    if not text:
+        return None
+    try:
+        first, last = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ValueError(f"train.profile_steps must be FIRST:LAST (steps, 1-based), got {text!r}") from None
+    if not 1 <= first <= last:
+        raise ValueError(f"train.profile_steps must have 1 <= FIRST <= LAST, got {text!r}")
+    return first, last
+
+
+class StepProfiler:
+    """Call `before(step)` before a step's batch is fetched and `after(step)` after its
+    optimizer step (step: the 1-based number of that step)."""
+
+    def __init__(self, steps: tuple[int, int] | None, out: Path, device: torch.device):
+        self.steps, self.out, self.device = steps, out, device
+        self.profile = None
+        self.start = 0.0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def before(self, step: int) -> None:
+        if self.steps is None or step != self.steps[0] or self.profile is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._sync()
+        self.profile = profile(activities=activities)
+        self.profile.__enter__()
+        self.start = time.perf_counter()
+
+    def after(self, step: int) -> None:
+        if self.profile is None or step != self.steps[1]:
+            return
+        self._sync()
+        wall = time.perf_counter() - self.start
+        self.profile.__exit__(None, None, None)
+        events = self.profile.key_averages()
+        n = self.steps[1] - self.steps[0] + 1
+        kernels = sum(e.self_device_time_total for e in events) / 1e3  # ms; kernels and copies
+        lines = [f"steps {self.steps[0]}-{self.steps[1]}: wall {wall * 1e3 / n:.1f} ms/step, "
+                 f"GPU kernels {kernels / n:.1f} ms/step ({100 * kernels / 1e3 / wall:.0f}% of wall)"]
+        if self.device.type == "cuda":
+            lines += ["", "by device time:", events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70)]
+        lines += ["", "by host time:", events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)]
+        self.out.write_text("\n".join(lines) + "\n")
+        print(f"profile: {lines[0]} -> {self.out}", flush=True)
+        self.profile = None

@@ -14,13 +14,13 @@ import torch
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
-    """"first:last" (1-based, inclusive) -> (first, last); None or "" -> None."""
+    """"FIRST-LAST" (1-based, inclusive; not FIRST:LAST, which YAML 1.1 reads as a base-60 number) -> (first, last); None or "" -> None."""
     if not text:
         return None
     try:
-        first, last = (int(x) for x in str(text).split(":"))
+        first, last = (int(x) for x in str(text).split("-"))
     except ValueError:
-        raise ValueError(f"train.profile_steps must be FIRST:LAST (steps, 1-based), got {text!r}") from None
+        raise ValueError(f"train.profile_steps must be FIRST-LAST (steps, 1-based), got {text!r}") from None
     if not 1 <= first <= last:
         raise ValueError(f"train.profile_steps must have 1 <= FIRST <= LAST, got {text!r}")
     return first, last

@@ -24,19 +24,18 @@ def bio_labels(mentions: Mentions, attention_mask: torch.Tensor) -> torch.Tensor
     The paper applies this supervision to all tokens, assuming mention boundaries are
     complete (hyperlinks plus a mention detector's unlinked spans).
     """
+    batch, length = attention_mask.shape
     labels = torch.full(attention_mask.shape, O, dtype=torch.long, device=attention_mask.device)
     if len(mentions):
-        lengths = mentions.ends - mentions.starts + 1
-        inside_b = torch.repeat_interleave(mentions.batch_ids, lengths - 1)
-        offsets = torch.arange(int(lengths.sum()), device=lengths.device) - torch.repeat_interleave(
-            torch.cumsum(lengths, 0) - lengths, lengths
-        )
-        inside_pos = torch.repeat_interleave(mentions.starts, lengths) + offsets
-        inside_pos = inside_pos[offsets > 0]
-        labels[inside_b, inside_pos] = I
+        # inside[b, l] = number of spans covering l: +1 at each start, -1 after each end, then a
+        # running sum. No host sync (the span lengths never leave the device).
+        edges = torch.zeros(batch, length + 1, dtype=torch.long, device=attention_mask.device)
+        ones = torch.ones_like(mentions.starts)
+        edges.index_put_((mentions.batch_ids, mentions.starts), ones, accumulate=True)
+        edges.index_put_((mentions.batch_ids, mentions.ends + 1), -ones, accumulate=True)
+        labels.masked_fill_(edges.cumsum(1)[:, :length] > 0, I)  # (a boolean index would sync)
         labels[mentions.batch_ids, mentions.starts] = B
-    labels[attention_mask == 0] = IGNORE
-    return labels
+    return labels.masked_fill(attention_mask == 0, IGNORE)
 
 
 def decode_bio(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

@@ -76,29 +76,39 @@ class Mentions:
         if m == 0:
             return
         batch, length = attention_mask.shape
-        bad = (self.batch_ids < 0) | (self.batch_ids >= batch)
+        # Every check on the device first, then one host sync for all of them (a step's
+        # forward waits for the GPU at each sync); the messages only when something is wrong.
+        in_batch = (self.batch_ids >= 0) & (self.batch_ids < batch)
+        in_span = (self.starts >= 0) & (self.ends < length) & (self.starts <= self.ends)
+        lengths = attention_mask.long().sum(1)
+        in_text = self.ends < lengths[self.batch_ids.clamp(0, batch - 1)]
+        # Overlap: sort by (context, start); a mention may not start before the previous ends.
+        order = torch.argsort(self.batch_ids * length + self.starts)
+        b, s, t = self.batch_ids[order], self.starts[order], self.ends[order]
+        clash = (b[1:] == b[:-1]) & (s[1:] <= t[:-1])
+        ok = in_batch.all() & in_span.all() & in_text.all() & ~clash.any()
+        if self.entity_ids is not None and num_entities is not None:
+            ok &= ((self.entity_ids >= NULL_ENTITY) & (self.entity_ids < num_entities)).all()
+        if bool(ok):
+            return
+        bad = ~in_batch
         if bad.any():
             i = int(bad.nonzero()[0])
             raise MentionError(f"mention {i}: batch id {int(self.batch_ids[i])} outside the batch of {batch}")
-        bad = (self.starts < 0) | (self.ends >= length) | (self.starts > self.ends)
+        bad = ~in_span
         if bad.any():
             i = int(bad.nonzero()[0])
             raise MentionError(
                 f"mention {i}: span [{int(self.starts[i])}, {int(self.ends[i])}] is not inside "
                 f"a sequence of {length} tokens with start <= end"
             )
-        lengths = attention_mask.long().sum(1)
-        bad = self.ends >= lengths[self.batch_ids]
+        bad = ~in_text
         if bad.any():
             i = int(bad.nonzero()[0])
             raise MentionError(
                 f"mention {i}: span ends at token {int(self.ends[i])}, past the "
                 f"{int(lengths[self.batch_ids[i]])} real tokens of context {int(self.batch_ids[i])}"
             )
-        # Overlap: sort by (context, start); a mention may not start before the previous ends.
-        order = torch.argsort(self.batch_ids * length + self.starts)
-        b, s, t = self.batch_ids[order], self.starts[order], self.ends[order]
-        clash = (b[1:] == b[:-1]) & (s[1:] <= t[:-1])
         if clash.any():
             j = int(clash.nonzero()[0])
             raise MentionError(

@@ -231,8 +231,11 @@ def _local_pass(H, E, k, want_sums, want_v, chunk, acc):
 
 
 def _gold_rows(T, lo, hi):
+    """own [M] bool: the targets among this shard's rows; rows [M]: their local row, 0 for
+    the others (whose terms the callers zero: masks, not boolean indexing, which would make
+    the host wait for the GPU)."""
     own = (T >= lo) & (T < hi)
-    return own, (T[own] - lo).long()
+    return own, torch.where(own, T - lo, 0).long()
 
 
 def _candidate_winners(plan: _Plan, vals, width):
@@ -296,7 +299,7 @@ class _Attend(torch.autograd.Function):
         gold = torch.zeros(M, dtype=acc, device=H.device)
         if plan.has_targets:
             own, rows = _gold_rows(T, plan.lo, plan.hi)
-            gold[own] = (H[own].to(acc) * E[rows].to(acc)).sum(-1)
+            gold = torch.where(own, (H.to(acc) * E[rows].to(acc)).sum(-1), 0)
 
         # R4: partials to the owners, who merge them.
         part = torch.stack([z, z_sel, gold, m], 1)
@@ -390,8 +393,9 @@ class _Attend(torch.autograd.Function):
 
         if plan.has_targets:
             own, rows = _gold_rows(T, plan.lo, plan.hi)
-            gE.index_add_(0, rows, gg[own, None] * H[own].to(acc))
-            gH[own] += gg[own, None] * E[rows].to(acc)
+            g_own = torch.where(own, gg, 0)[:, None]
+            gE.index_add_(0, rows, g_own * H.to(acc))
+            gH += g_own * E[rows].to(acc)
 
         # B2: partial query gradients to their owners.
         (parts,) = comm.to_owners([gH], counts)
@@ -509,7 +513,8 @@ class ShardedEntityTable(nn.Module):
         loss = None
         if targets is not None:
             linked = targets != UNLINKED
-            loss = (lse - gold)[linked].sum() / linked.sum().clamp(min=1)
+            # where() rather than [linked]: boolean indexing is a host sync
+            loss = torch.where(linked, lse - gold, 0).sum() / linked.sum().clamp(min=1)
         return TableOutput(
             retrieved=retrieved if retrieve else None,
             lse=lse,

@@ -99,3 +99,16 @@ def test_sync_and_clip_clips_as_torch_does_and_returns_a_tensor():
             torch.testing.assert_close(a.grad, b.grad)
         if scale == 10.0 and max_norm:
             assert float(torch.cat([p.grad.flatten() for p in ours]).norm()) == pytest.approx(max_norm, rel=1e-5)
+
+
+@pytest.mark.parametrize("use_gpu,compile,expected", [(True, None, True), (False, None, False), (False, True, True),
+                                                      (True, False, False)])
+def test_transformer_stacks_are_compiled_on_gpus_by_default(use_gpu, compile, expected):
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    config = load_pretrain_config(preset="tiny", overrides=[
+        f"train.use_gpu={str(use_gpu).lower()}", f"train.compile={'null' if compile is None else str(compile).lower()}"])
+    model = loop.compile_stacks(loop.build_model(config), config)
+    stacks = (model.token_embed, model.transformer_l0, model.transformer_l1)
+    assert [m._compiled_call_impl is not None for m in stacks] == [expected] * 3  # nn.Module.compile's marker
+    assert all(m._compiled_call_impl is None for m in (model.mention_head, model.entity_memory))

@@ -40,6 +40,9 @@ class TrainConfig:
     # every batch padded to model.max_length (one shape for all steps: cuDNN attention and Triton
     # plan per shape) or to its longest context; None: fixed on GPUs, longest on CPUs
     pad_to_max_length: bool | None = None
+    # torch.compile the embeddings and both transformer stacks (the memory and heads, whose
+    # shapes follow the mention count, stay eager); None: on GPUs
+    compile: bool | None = None
     profile_steps: str | None = None  # "FIRST-LAST": torch.profiler over those steps -> profile-rank<r>.txt
     checkpoint_every: int = 100
     eval_batches: int = 20  # dev batches per evaluation (0: the whole dev split)

@@ -5,6 +5,7 @@ reading ahead. Run in threads only; the whole loop with prefetching runs in test
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -68,8 +69,11 @@ def test_closing_early_stops_the_thread_and_closes_the_source():
     stream = data.prefetch(iter(source), depth=2)
     assert next(stream) == 0
     stream.close()
-    assert source.closed
+    deadline = time.time() + 10  # the producer stops at its next put, closing the source
+    while time.time() < deadline and ({t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} != before):
+        time.sleep(0.01)
     assert {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} == before
+    assert source.closed
     assert source.produced < 10
 
 
@@ -131,3 +135,56 @@ def test_bad_profile_steps_are_a_clear_error(text):
 
     with pytest.raises(ValueError, match="profile_steps"):
         load_pretrain_config(preset="tiny", overrides=[f"train.profile_steps='{text}'"])
+
+
+class Epochs:
+    """Fake epoch streams for iter_epochs: epoch e has steps[e] steps; records when each was opened."""
+
+    def __init__(self, steps: dict[int, int]):
+        self.steps, self.opened, self.sources, self.consumed = steps, [], [], 0
+
+    def open(self, epoch: int, skip: int):
+        self.opened.append((epoch, skip, self.consumed))
+        source = Source(self.steps[epoch])
+        self.sources.append(source)
+        return data.prefetch(((s, f"e{epoch}s{s}") for s in iter(source) if s >= skip), depth=2)
+
+
+def test_epochs_run_on_in_order_and_the_next_one_opens_early():
+    fake = Epochs({3: 10, 4: 6, 5: 8})
+    out = []
+    stream = data.iter_epochs(fake.open, fake.steps.__getitem__, first_epoch=3, skip_steps=2, lead=3)
+    for epoch, step, batch in stream:
+        out.append(batch)
+        fake.consumed += 1
+        if len(out) == 8 + 6 + 2:
+            break
+    stream.close()
+    assert out == [f"e3s{s}" for s in range(2, 10)] + [f"e4s{s}" for s in range(6)] + ["e5s0", "e5s1"]
+    # epoch 4 opened when 3 steps of epoch 3 were left (after its step 6, the 5th consumed),
+    # epoch 5 when epoch 4 had 3 left; both before they were needed
+    assert fake.opened == [(3, 2, 0), (4, 0, 4), (5, 0, 10)]
+    deadline = time.time() + 10  # each producer closes its source as it stops
+    while time.time() < deadline and not all(s.closed for s in fake.sources):
+        time.sleep(0.01)
+    assert all(s.closed for s in fake.sources)
+
+
+def test_an_epoch_without_steps_is_a_clear_error():
+    fake = Epochs({0: 2, 1: 0})
+    with pytest.raises(ValueError, match="epoch 1 has no full batch"):
+        list(data.iter_epochs(fake.open, fake.steps.__getitem__, first_epoch=0))
+
+
+def test_closing_before_the_first_item_stops_the_thread_too():
+    # iter_epochs opens the next epoch's stream ahead and may close it unread (max_steps)
+    source = Source(1000)
+    before = {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"}
+    stream = data.prefetch(iter(source), depth=2)
+    assert source.wait_produced(3)
+    stream.close()
+    deadline = time.time() + 10
+    while time.time() < deadline and ({t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} != before):
+        time.sleep(0.01)
+    assert {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} == before
+    assert source.closed and source.produced < 10

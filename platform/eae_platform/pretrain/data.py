@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +135,7 @@ def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_
 
     steps = steps_per_epoch(files, seed, epoch, world_size, batch_size)
     mine = files_for_rank(files, seed, epoch, rank, world_size)
-    if steps == 0 or not mine:
+    if steps <= skip_steps or not mine:  # nothing left (a checkpoint at the epoch's last step)
         return
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
@@ -153,16 +153,16 @@ _DONE = object()
 
 
 def prefetch(items: Iterator, depth: int, pin_for: torch.device | None = None) -> Iterator:
-    """`items` in order, produced up to `depth` ahead by a background thread, so that reading
-    (Ray Data) and collating the next batches overlap the current training step. pin_for: a
-    CUDA device; each (step, Batch) item's batch is put in page-locked memory by that thread,
-    with that device current (Ray Train can show a worker every GPU of its node: the thread
-    must not open a context on another worker's GPU).
-    depth 0: no thread, the items as they come. An exception in the producer is raised here;
-    closing this generator early (the loop reached max_steps) stops the producer."""
+    """`items` in order, produced up to `depth` ahead by a background thread that starts now
+    (not at the first next()), so that reading (Ray Data) and collating the next batches
+    overlap the current training step. pin_for: a CUDA device; each (step, Batch) item's batch
+    is put in page-locked memory by that thread, with that device current (Ray Train can show a
+    worker every GPU of its node: the thread must not open a context on another worker's GPU).
+    depth 0: no thread, the items as they come. An exception in the producer is raised by the
+    consumer; closing the returned iterator (max_steps reached, or the epoch's last step taken)
+    stops the producer."""
     if depth <= 0:
-        yield from items
-        return
+        return iter(items)
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -188,23 +188,78 @@ def prefetch(items: Iterator, depth: int, pin_for: torch.device | None = None) -
             put(_DONE)
         except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
             put(error)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # the source generator (its Ray Data iterator) ends in this thread
 
     thread = threading.Thread(target=produce, name="eae-prefetch", daemon=True)
     thread.start()
+    return _Prefetched(ready, stop)
+
+
+class _Prefetched:
+    """The consumer's end of `prefetch`: an iterator whose close() stops the producer, also
+    before the first item was taken (a generator's close() would not run its cleanup then).
+    The producer stops at its next put and closes its source itself: not waited for here (a
+    Ray Data pipeline's teardown took seconds; the next epoch need not wait for it)."""
+
+    def __init__(self, ready: queue.Queue, stop: threading.Event):
+        self.ready, self.stop, self.done = ready, stop, False
+
+    def __iter__(self) -> "_Prefetched":
+        return self
+
+    def __next__(self):
+        if self.done:
+            raise StopIteration
+        item = self.ready.get()
+        if item is _DONE:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        return item
+
+    def close(self) -> None:
+        self.done = True
+        self.stop.set()
+
+
+# Steps before an epoch's end at which the next epoch's pipeline starts: a new Ray Data pipeline
+# took ~11 s to deliver its first batch on the H100 machines (~100 steps of 0.1 s).
+NEXT_EPOCH_LEAD = 256
+
+
+def iter_epochs(open_epoch: Callable[[int, int], Iterator], steps_in: Callable[[int], int], first_epoch: int,
+                skip_steps: int = 0, lead: int = NEXT_EPOCH_LEAD) -> Iterator[tuple[int, int, object]]:
+    """(epoch, step, batch) for epochs first_epoch, first_epoch + 1, ... without end, starting
+    at step `skip_steps` of the first. open_epoch(epoch, skip) -> that epoch's (step, batch)
+    stream, started at once (`prefetch`); steps_in(epoch) -> its number of steps. The next
+    epoch's stream is opened `lead` steps before the current one ends, so that its start-up
+    overlaps training instead of stalling it. Closing this generator closes both streams."""
+    epoch, current, following = first_epoch, open_epoch(first_epoch, skip_steps), None
     try:
         while True:
-            item = ready.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+            steps = steps_in(epoch)
+            if steps == 0:
+                raise ValueError(f"epoch {epoch} has no full batch for every worker: lower the batch size "
+                                 "or build more data")
+            for step, batch in current:
+                if following is None and steps - (step + 1) <= lead:
+                    following = open_epoch(epoch + 1, 0)
+                yield epoch, step, batch
+                if step + 1 >= steps:  # the epoch's last step: not waiting for its stream to end
+                    break
+            current.close()
+            epoch += 1
+            current, following = following if following is not None else open_epoch(epoch, 0), None
     finally:
-        stop.set()
-        thread.join(timeout=30)
-        close = getattr(items, "close", None)
-        if close is not None and not thread.is_alive():
-            close()  # the source generator (its Ray Data iterator) ends in this thread
+        for stream in (current, following):
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
 
 
 def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities, max_batches=0, pad_to=None):

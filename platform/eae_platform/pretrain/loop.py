@@ -246,68 +246,67 @@ def train_loop_per_worker(config_dict: dict) -> None:
     window = defaultdict(float)
     window_start = time.perf_counter()
     first_step = True
-    while progress["step"] < t.max_steps:
-        epoch = progress["epoch"]
-        if data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker) == 0:
-            raise ValueError(f"fewer than batch_per_worker={t.batch_per_worker} training rows per worker: "
-                             "lower the batch size or build more data")
-        batches = data.prefetch(
+
+    def open_epoch(epoch: int, skip: int):
+        return data.prefetch(
             data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
-                            config.model.num_entities, progress["step_in_epoch"], pad_to(config)),
+                            config.model.num_entities, skip, pad_to(config)),
             t.prefetch_batches, pin_for=device if device.type == "cuda" else None)
-        with closing(batches):  # an early stop or an error ends the prefetch thread
-            while True:
-                profiler.before(progress["step"] + 1)
-                waited = time.perf_counter()
-                item = next(batches, None)
-                # How long the step waited for its batch: > 0 only when reading and collating (in
-                # the prefetch thread) fall behind the GPU.
-                window["data_wait_s"] += time.perf_counter() - waited
-                if item is None:  # the epoch is over
-                    progress.update(epoch=progress["epoch"] + 1, step_in_epoch=0)
-                    break
-                step_in_epoch, host = item
-                # From pinned memory the copy joins the GPU's queue: the host goes on launching.
-                batch = host.to(device, non_blocking=device.type == "cuda")
-                with autocast:
-                    out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
-                optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
-                grad_norm = sync_and_clip(list(replicated.values()), list(table.values()), t.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                profiler.after(progress["step"] + 1)
-                with trace.open("a") as f:
-                    f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
-                                        "ids": host.context_ids.tolist()}) + "\n")
-                progress.update(step=progress["step"] + 1, step_in_epoch=step_in_epoch + 1)
-                window["steps"] += 1
-                # Losses and norms stay on the device until the window's report: a float() here
-                # would make the host wait for the GPU at every step.
-                window["tokens"] += host.num_tokens
-                window["loss"] += out.loss.detach()
-                for name, value in out.losses.items():
-                    window[f"loss_{name}"] += value.detach()
-                window["grad_norm"] += grad_norm
-                step = progress["step"]
-                if first_step:  # optimizer state now exists: the table's steady footprint
-                    first_step = False
-                    table_metrics = memory_metrics(list(table.values()), optimizer, device)
-                    if tracker is not None:
-                        tracker.log_metrics({"table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
-                        print(f"entity table per worker (rows + grad + Adam state): "
-                              f"{table_metrics['table_gib_per_worker']:.3f} GiB", flush=True)
-                if step % t.log_every == 0 or step == t.max_steps:
-                    _report(window, window_start, step, scheduler, tracker, world_size,
-                            memory_metrics(list(table.values()), optimizer, device))
-                    window, window_start = defaultdict(float), time.perf_counter()
-                if step % t.checkpoint_every == 0 or step == t.max_steps:
-                    metrics = evaluate(model, config, rank, world_size, device)
-                    if tracker is not None and metrics:
-                        tracker.log_metrics(metrics, step)
-                    _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
-                if step >= t.max_steps:
-                    break
+
+    def steps_in(epoch: int) -> int:
+        return data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker)
+
+    if progress["step"] < t.max_steps and steps_in(progress["epoch"]) == 0:
+        raise ValueError(f"fewer than batch_per_worker={t.batch_per_worker} training rows per worker: "
+                         "lower the batch size or build more data")
+    stream = data.iter_epochs(open_epoch, steps_in, progress["epoch"], progress["step_in_epoch"])
+    with closing(stream):  # an early stop or an error ends the prefetch threads
+        while progress["step"] < t.max_steps:
+            profiler.before(progress["step"] + 1)
+            waited = time.perf_counter()
+            epoch, step_in_epoch, host = next(stream)
+            # How long the step waited for its batch: > 0 only when reading and collating (in
+            # the prefetch threads) fall behind the GPU.
+            window["data_wait_s"] += time.perf_counter() - waited
+            # From pinned memory the copy joins the GPU's queue: the host goes on launching.
+            batch = host.to(device, non_blocking=device.type == "cuda")
+            with autocast:
+                out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
+            optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            grad_norm = sync_and_clip(list(replicated.values()), list(table.values()), t.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            profiler.after(progress["step"] + 1)
+            with trace.open("a") as f:
+                f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
+                                    "ids": host.context_ids.tolist()}) + "\n")
+            progress.update(step=progress["step"] + 1, epoch=epoch, step_in_epoch=step_in_epoch + 1)
+            window["steps"] += 1
+            # Losses and norms stay on the device until the window's report: a float() here
+            # would make the host wait for the GPU at every step.
+            window["tokens"] += host.num_tokens
+            window["loss"] += out.loss.detach()
+            for name, value in out.losses.items():
+                window[f"loss_{name}"] += value.detach()
+            window["grad_norm"] += grad_norm
+            step = progress["step"]
+            if first_step:  # optimizer state now exists: the table's steady footprint
+                first_step = False
+                table_metrics = memory_metrics(list(table.values()), optimizer, device)
+                if tracker is not None:
+                    tracker.log_metrics({"table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
+                    print(f"entity table per worker (rows + grad + Adam state): "
+                          f"{table_metrics['table_gib_per_worker']:.3f} GiB", flush=True)
+            if step % t.log_every == 0 or step == t.max_steps:
+                _report(window, window_start, step, scheduler, tracker, world_size,
+                        memory_metrics(list(table.values()), optimizer, device))
+                window, window_start = defaultdict(float), time.perf_counter()
+            if step % t.checkpoint_every == 0 or step == t.max_steps:
+                metrics = evaluate(model, config, rank, world_size, device)
+                if tracker is not None and metrics:
+                    tracker.log_metrics(metrics, step)
+                _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
     if t.out:
         _save_final(model, config, rank, Path(t.out))
     if tracker is not None:

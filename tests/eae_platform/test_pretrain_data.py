@@ -63,17 +63,22 @@ def test_producer_errors_reach_the_consumer():
         next(stream)
 
 
+def _prefetch_and_its_thread(source):
+    """data.prefetch over `source` and the producer thread it started (other tests' producers
+    may still be ending: they stop asynchronously)."""
+    before = set(threading.enumerate())
+    stream = data.prefetch(iter(source), depth=2)
+    (thread,) = [t for t in threading.enumerate() if t.name == "eae-prefetch" and t not in before]
+    return stream, thread
+
+
 def test_closing_early_stops_the_thread_and_closes_the_source():
     source = Source(1000)
-    before = {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"}
-    stream = data.prefetch(iter(source), depth=2)
+    stream, thread = _prefetch_and_its_thread(source)
     assert next(stream) == 0
     stream.close()
-    deadline = time.time() + 10  # the producer stops at its next put, closing the source
-    while time.time() < deadline and ({t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} != before):
-        time.sleep(0.01)
-    assert {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} == before
-    assert source.closed
+    thread.join(timeout=10)  # the producer stops at its next put, closing the source
+    assert not thread.is_alive() and source.closed
     assert source.produced < 10
 
 
@@ -179,12 +184,8 @@ def test_an_epoch_without_steps_is_a_clear_error():
 def test_closing_before_the_first_item_stops_the_thread_too():
     # iter_epochs opens the next epoch's stream ahead and may close it unread (max_steps)
     source = Source(1000)
-    before = {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"}
-    stream = data.prefetch(iter(source), depth=2)
+    stream, thread = _prefetch_and_its_thread(source)
     assert source.wait_produced(3)
     stream.close()
-    deadline = time.time() + 10
-    while time.time() < deadline and ({t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} != before):
-        time.sleep(0.01)
-    assert {t.ident for t in threading.enumerate() if t.name == "eae-prefetch"} == before
-    assert source.closed and source.produced < 10
+    thread.join(timeout=10)
+    assert not thread.is_alive() and source.closed and source.produced < 10

@@ -63,22 +63,19 @@ class Batch:
     mlm_labels: torch.Tensor  # [B, L], original token at masked positions, IGNORE elsewhere
     mentions: Mentions
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+    def _map(self, fn) -> "Batch":
         m = self.mentions
-        mentions = Mentions(move(m.batch_ids), move(m.starts), move(m.ends), move(m.entity_ids))
-        return Batch(move(self.context_ids), move(self.input_ids), move(self.attention_mask),
-                     move(self.mlm_labels), mentions)
+        return Batch(fn(self.context_ids), fn(self.input_ids), fn(self.attention_mask), fn(self.mlm_labels),
+                     Mentions(fn(m.batch_ids), fn(m.starts), fn(m.ends), fn(m.entity_ids)))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
         """The same batch in page-locked host memory: its copy to a GPU with non_blocking=True
         is queued on the stream instead of making the host wait for the GPU's queue to drain
         (what a copy from pageable memory does)."""
-        m = self.mentions
-        mentions = Mentions(m.batch_ids.pin_memory(), m.starts.pin_memory(), m.ends.pin_memory(),
-                            m.entity_ids.pin_memory())
-        return Batch(self.context_ids.pin_memory(), self.input_ids.pin_memory(),
-                     self.attention_mask.pin_memory(), self.mlm_labels.pin_memory(), mentions)
+        return self._map(torch.Tensor.pin_memory)
 
     @property
     def num_tokens(self) -> int:

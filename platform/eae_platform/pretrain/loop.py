@@ -256,9 +256,6 @@ def train_loop_per_worker(config_dict: dict) -> None:
     def steps_in(epoch: int) -> int:
         return data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker)
 
-    if progress["step"] < t.max_steps and steps_in(progress["epoch"]) == 0:
-        raise ValueError(f"fewer than batch_per_worker={t.batch_per_worker} training rows per worker: "
-                         "lower the batch size or build more data")
     stream = data.iter_epochs(open_epoch, steps_in, progress["epoch"], progress["step_in_epoch"])
     with closing(stream):  # an early stop or an error ends the prefetch threads
         while progress["step"] < t.max_steps:

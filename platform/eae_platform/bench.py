@@ -375,12 +375,14 @@ def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps
     import torch.distributed as dist
 
     from eae_platform.pretrain.config import PretrainConfig, TrainConfig
+    from eae_platform.pretrain.grad_sync import GradientSync
     from eae_platform.pretrain.loop import build_model, sync_and_clip
     from eae_platform.pretrain.state import split_params
 
     config = PretrainConfig(load_config(preset, overrides=overrides), TrainConfig(num_workers=world, batch_size=batch * world))
     model = build_model(config).to(device).train()
     replicated, table = split_params(model)
+    sync = GradientSync(list(replicated.values()))
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     c = config.model
     ids, labels, mentions = make_batch(batch, c.max_length, c.num_entities, c.vocab_size, device, seed=rank)
@@ -390,7 +392,7 @@ def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps
             loss = model(ids, mentions=mentions, mlm_labels=labels, validate=False).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        sync_and_clip(list(replicated.values()), list(table.values()), 1.0)
+        sync_and_clip(sync, list(replicated.values()), list(table.values()), 1.0)
         optimizer.step()
 
     for _ in range(3):

@@ -15,7 +15,8 @@ targets t_w with -1 = unlinked); `attend` returns the results for that worker's 
 The M = sum_w M_w mentions are numbered in rank order (worker 0's first). One step of
 `attend`, for worker r as *shard* (rows of E) and as *owner* (of its mentions):
 
-  R0  sizes: all_gather of (M_w, error flag), so that bad input raises on every worker.
+  R0  sizes: all_gather of (M_w, error flag), so that bad input raises on every worker (on the
+      host, over gloo, when the group is NCCL's).
   R1  queries: every worker sends h_w (and t_w) to every other: H [M, d], T [M] everywhere.
   --  local pass over E_r in chunks of `chunk_rows` rows (online softmax): S = H E_r^T; per
       mention the local max m_r, z_r = sum exp(S - m_r) over all own rows, and for k < all the
@@ -132,18 +133,26 @@ class _Comm:
 
     def __init__(self, group=None):
         self.group = group
+        self.host_group = None  # where R0 runs: None = `group` itself
         if group is None and not (dist.is_available() and dist.is_initialized()):
             self.world, self.rank = 1, 0
         else:
             self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+            if self.world > 1 and group is None and "gloo" not in str(dist.get_backend()).lower():
+                # Under NCCL, R0 on GPU tensors made the host wait for the GPU to reach it
+                # (its result sizes the next messages) at each of a step's table calls; over
+                # gloo the hosts exchange the counts they already know. A collective: every
+                # worker builds its table in the same order.
+                self.host_group = dist.new_group(backend="gloo")
 
     def sizes(self, count: int, error: int, device: torch.device) -> tuple[list[int], list[int]]:
         """R0: every worker's number of mentions and error code."""
-        mine = torch.tensor([count, error], dtype=torch.int64, device=device)
         if self.world == 1:
             return [count], [error]
+        on_host = self.host_group is not None
+        mine = torch.tensor([count, error], dtype=torch.int64, device="cpu" if on_host else device)
         parts = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(parts, mine, group=self.group)
+        dist.all_gather(parts, mine, group=self.host_group if on_host else self.group)
         rows = torch.stack(parts).tolist()
         return [c for c, _ in rows], [e for _, e in rows]
 
@@ -473,12 +482,18 @@ class ShardedEntityTable(nn.Module):
         error = 0
         if h.dim() != 2 or h.shape[1] != self.dim:
             error = 1
-        elif targets is not None and (
-            targets.shape != (h.shape[0],)
-            or targets.dtype.is_floating_point
-            or bool(((targets < UNLINKED) | (targets >= self.num_entities)).any())
-        ):
-            error = 2
+        elif targets is not None:
+            if targets.shape != (h.shape[0],) or targets.dtype.is_floating_point:
+                error = 2
+            else:
+                in_range = ((targets >= UNLINKED) & (targets < self.num_entities)).all()
+                if targets.device.type == "cpu":
+                    error = 0 if bool(in_range) else 2
+                else:
+                    # bool() would make the host wait for the GPU at every call; the device
+                    # checks instead and stops the process with this message (EaEModel has
+                    # already checked its mentions' entity ids with clear errors).
+                    torch._assert_async(in_range, _ERRORS[2])
         counts, errors = self._comm.sizes(h.shape[0] if h.dim() == 2 else 0, error, h.device)
         bad = [f"worker {w}: {_ERRORS[code]}" for w, code in enumerate(errors) if code]
         if bad:

@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from eae_platform.pretrain import loop
+from eae_platform.pretrain.grad_sync import GradientSync
 
 
 def _adam_step(params: list[torch.nn.Parameter]) -> torch.optim.Adam:
@@ -89,7 +90,7 @@ def test_sync_and_clip_clips_as_torch_does_and_returns_a_tensor():
     torch.nn.utils.clip_grad_norm_ (no host sync: the norm comes back as a 0-d tensor)."""
     for scale, max_norm in [(10.0, 1.0), (0.01, 1.0), (10.0, 0.0)]:
         ours, ref = _grads(0, scale), _grads(0, scale)
-        norm = loop.sync_and_clip(ours[:1], ours[1:], max_norm)
+        norm = loop.sync_and_clip(GradientSync(ours[:1]), ours[:1], ours[1:], max_norm)
         assert torch.is_tensor(norm) and norm.dim() == 0
         want = torch.cat([p.grad.flatten() for p in ref]).norm()
         torch.testing.assert_close(norm, want)

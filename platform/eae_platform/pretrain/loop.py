@@ -3,7 +3,8 @@
 Every worker holds the replicated weights (transformer, heads, projections) and its own rows of
 the entity table. A step: forward on the worker's batch (the table's collectives exchange
 mention queries and partial results), backward, average the replicated gradients over workers
-(an all-reduce; the table's row gradients are already complete on their owner), clip the global
+(bucketed all-reduces that start during the backward, `grad_sync`; the table's row gradients
+are already complete on their owner), clip the global
 gradient norm (replicated part + every shard's part), Adam step, scheduler step.
 """
 
@@ -25,6 +26,7 @@ from eae_model.checkpoint import VOCAB_FILES
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data, state
+from eae_platform.pretrain.grad_sync import GradientSync
 from eae_platform.pretrain.profiling import StepProfiler, parse_steps
 from eae_platform.pretrain.config import PretrainConfig
 
@@ -78,17 +80,14 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def sync_and_clip(replicated: list[torch.nn.Parameter], table: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Average replicated gradients over workers, then clip the global norm. Returns the norm,
-    a 0-d tensor: nothing here waits for the GPU (as torch.nn.utils.clip_grad_norm_, every
-    gradient is multiplied by min(1, max_norm / norm)), so the host can prepare the next batch
-    while this step runs."""
+def sync_and_clip(sync: GradientSync, replicated: list[torch.nn.Parameter], table: list[torch.nn.Parameter],
+                  max_norm: float) -> torch.Tensor:
+    """Finish averaging the replicated gradients over workers (`sync`, launched during the
+    backward), then clip the global norm. Returns the norm, a 0-d tensor: nothing here waits
+    for the GPU (as torch.nn.utils.clip_grad_norm_, every gradient is multiplied by
+    min(1, max_norm / norm)), so the host can prepare the next batch while this step runs."""
+    sync.wait()
     grads = [p.grad for p in replicated if p.grad is not None]
-    if _distributed() and grads:
-        flat = torch.cat([g.flatten() for g in grads])
-        dist.all_reduce(flat)
-        flat /= dist.get_world_size()
-        _unflatten(grads, flat)
     sq = _sum_of_squares(grads, grads[0].device if grads else "cpu")
     shard_sq = _sum_of_squares([p.grad for p in table if p.grad is not None], sq.device)
     if _distributed():
@@ -107,14 +106,6 @@ def _sum_of_squares(tensors: list[torch.Tensor], device) -> torch.Tensor:
         return torch.zeros((), device=device)
     norms = torch._foreach_norm(tensors, 2.0)
     return torch.stack([n.float() for n in norms]).pow(2).sum()
-
-
-def _unflatten(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset : offset + n].view_as(g))
-        offset += n
 
 
 def _collective_device() -> torch.device:
@@ -210,6 +201,8 @@ def train_loop_per_worker(config_dict: dict) -> None:
 
     model = compile_stacks(build_model(config).to(device), config)
     replicated, table = state.split_params(model)
+    # all-reduces during each backward
+    sync = GradientSync(list(replicated.values()), names={p: n for n, p in replicated.items()})
     # One fused kernel per step on GPUs: the foreach version's passes over the 1M x 256 table
     # took ~9 ms of a ~90 ms step (H100 profile, docs/performance.md).
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=t.lr,
@@ -271,7 +264,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
                 out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
             optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
-            grad_norm = sync_and_clip(list(replicated.values()), list(table.values()), t.grad_clip)
+            grad_norm = sync_and_clip(sync, list(replicated.values()), list(table.values()), t.grad_clip)
             optimizer.step()
             scheduler.step()
             profiler.after(progress["step"] + 1)

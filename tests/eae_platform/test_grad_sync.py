@@ -1,0 +1,112 @@
+"""GradientSync: the replicated gradients averaged over two real workers (spawned processes,
+gloo), in buckets launched while the backward runs, equal to the average of each worker's own
+gradients computed in one process."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from eae_platform.pretrain.grad_sync import GradientSync
+
+
+class _Net(torch.nn.Module):
+    """Four layers, one parameter the backward never reaches, one used only on some batches."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        # Registered first, so in the last bucket (buckets take the parameters in reverse):
+        # the buckets before it are complete during the backward.
+        self.unused = torch.nn.Parameter(torch.randn(3))
+        self.sometimes = torch.nn.Parameter(torch.randn(8))
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+        self.layers[0].weight.requires_grad_(False)  # frozen: never synchronised
+
+    def forward(self, x: torch.Tensor, use_sometimes: bool) -> torch.Tensor:
+        if use_sometimes:
+            x = x * self.sometimes
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return (x**2).sum()
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, bool]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(5, 8, generator=g), rank == 1  # `sometimes` gets a gradient on rank 1 only
+
+
+def _grads_of(net: _Net) -> dict[str, torch.Tensor | None]:
+    return {n: None if p.grad is None else p.grad.clone() for n, p in net.named_parameters()}
+
+
+def _worker(rank: int, world: int, init: str, out) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        net = _Net()
+        # 300-byte buckets: one Linear each (256 + 32 bytes), the last one with layers.0.bias,
+        # `sometimes` and `unused`
+        sync = GradientSync(list(net.parameters()), bucket_mb=300 / 2**20)
+        results = []
+        for step in range(2):  # the second step checks that the buckets reset
+            net.zero_grad(set_to_none=True)
+            x, use = _batch(rank, step)
+            net(x, use).backward()
+            launched = sum(b.work is not None for b in sync.buckets)  # during the backward
+            sync.wait()
+            # numpy arrays: torch tensors would travel as shared memory the ended worker frees
+            grads = {n: None if g is None else g.numpy() for n, g in _grads_of(net).items()}
+            results.append((launched, len(sync.buckets), grads))
+        out.put((rank, results))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_buckets_average_over_workers_and_start_during_the_backward(tmp_path):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_worker, args=(r, 2, init, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for step in range(2):
+        expected = {}
+        for rank in range(2):  # each worker's own gradients, in this process
+            net = _Net()
+            x, use = _batch(rank, step)
+            net(x, use).backward()
+            for name, g in _grads_of(net).items():
+                expected.setdefault(name, []).append(g)
+        for rank in range(2):
+            launched, buckets, grads = got[rank][step]
+            assert buckets == 4
+            # every bucket went out before wait() but the last, which holds `unused` (zeros,
+            # sent by wait)
+            assert launched == buckets - 1, (rank, step, launched, buckets)
+            assert grads["layers.0.weight"] is None  # frozen
+            grads = {n: None if g is None else torch.from_numpy(g) for n, g in grads.items()}
+            torch.testing.assert_close(grads["unused"], torch.zeros(3))
+            for name, per_rank in expected.items():
+                if name in ("layers.0.weight", "unused"):
+                    continue
+                want = sum(g if g is not None else torch.zeros_like(per_rank[1]) for g in per_rank) / 2
+                torch.testing.assert_close(grads[name], want, rtol=1e-6, atol=1e-7)
+
+
+def test_one_worker_registers_nothing():
+    net = _Net()
+    sync = GradientSync(list(net.parameters()))
+    x, use = _batch(0, 0)
+    net(x, use).backward()
+    want = _grads_of(net)
+    sync.wait()
+    assert sync.buckets == []
+    for name, g in _grads_of(net).items():
+        assert (g is None) == (want[name] is None)
+        if g is not None:
+            torch.testing.assert_close(g, want[name], rtol=0, atol=0)

@@ -126,7 +126,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W, timeout=datetime.timedelta(seconds=60)
     )
     # Count the bytes each all_to_all sends to other workers, to check bytes_per_step.
-    sent = {"bytes": 0}
+    sent = {"bytes": 0, "gather_groups": []}
     real_a2a, real_all_gather = dist.all_to_all_single, dist.all_gather
 
     def counting_a2a(output, input, output_split_sizes=None, input_split_sizes=None, group=None, **kw):
@@ -136,6 +136,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
     def counting_all_gather(tensors, tensor, group=None, **kw):
         sent["bytes"] += tensor.numel() * tensor.element_size() * (W - 1)
+        sent["gather_groups"].append(group)
         return real_all_gather(tensors, tensor, group=group, **kw)
 
     dist.all_to_all_single, dist.all_gather = counting_a2a, counting_all_gather
@@ -164,6 +165,23 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             results["bad_target_raised"] = False
         except ValueError as err:
             results["bad_target_raised"] = "worker 1" in str(err)
+        # As under NCCL: R0 (the mention counts) goes over a gloo group of its own, on the host.
+        real_backend = dist.get_backend
+        dist.get_backend = lambda group=None: "nccl"
+        try:
+            table = ShardedEntityTable(N, D)
+        finally:
+            dist.get_backend = real_backend
+        full, data = make_data(2, CASES[2][2])
+        sent["gather_groups"] = []
+        results["k3-sizes-on-host"] = compare(table, full, data, rank, 3, True)
+        host = table._comm.host_group
+        results["sizes_on_host"] = host is not None and sent["gather_groups"] == [host]  # one attend: one R0
+        try:
+            table.attend(torch.zeros(1, D), None, t)
+            results["bad_target_raised_on_host"] = False
+        except ValueError as err:
+            results["bad_target_raised_on_host"] = "worker 1" in str(err)
     finally:
         torch.save(results, f"{out_dir}/rank{rank}.pt")
         dist.destroy_process_group()
@@ -197,7 +215,7 @@ def two_workers(tmp_path_factory):
 # ----------------------------------------------------------------------------- the tests
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES] + ["k3-grad-sum"])
+@pytest.mark.parametrize("name", [c[0] for c in CASES] + ["k3-grad-sum", "k3-sizes-on-host"])
 def test_two_workers_match_unsharded(two_workers, name):
     results, _ = two_workers
     for rank, res in enumerate(results):
@@ -227,6 +245,8 @@ def test_two_workers_bounds_state_dict_and_errors(two_workers):
     assert [sd["weight"].shape[0] for sd in shards] == [6, 5]
     assert torch.equal(ShardedEntityTable.full_from_shards(shards), ShardedEntityTable(N, D).weight.detach())
     assert all(res["bad_target_raised"] for res in results)
+    # under NCCL the counts go between the hosts over gloo: same results, same errors
+    assert all(res["sizes_on_host"] and res["bad_target_raised_on_host"] for res in results)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

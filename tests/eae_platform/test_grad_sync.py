@@ -5,10 +5,9 @@ gradients computed in one process."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from eae_platform.pretrain.grad_sync import GradientSync
+from tests.eae_platform.gloo_workers import run_workers
 
 
 class _Net(torch.nn.Module):
@@ -41,39 +40,25 @@ def _grads_of(net: _Net) -> dict[str, torch.Tensor | None]:
     return {n: None if p.grad is None else p.grad.clone() for n, p in net.named_parameters()}
 
 
-def _worker(rank: int, world: int, init: str, out) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        net = _Net()
-        # 300-byte buckets: one Linear each (256 + 32 bytes), the last one with layers.0.bias,
-        # `sometimes` and `unused`
-        sync = GradientSync(list(net.parameters()), bucket_mb=300 / 2**20)
-        results = []
-        for step in range(2):  # the second step checks that the buckets reset
-            net.zero_grad(set_to_none=True)
-            x, use = _batch(rank, step)
-            net(x, use).backward()
-            launched = sum(b.work is not None for b in sync.buckets)  # during the backward
-            sync.wait()
-            # numpy arrays: torch tensors would travel as shared memory the ended worker frees
-            grads = {n: None if g is None else g.numpy() for n, g in _grads_of(net).items()}
-            results.append((launched, len(sync.buckets), grads))
-        out.put((rank, results))
-    finally:
-        dist.destroy_process_group()
+def _two_steps(rank: int, world: int) -> list:
+    net = _Net()
+    # 300-byte buckets: one Linear each (256 + 32 bytes), the last one with layers.0.bias,
+    # `sometimes` and `unused`
+    sync = GradientSync(list(net.parameters()), bucket_mb=300 / 2**20)
+    results = []
+    for step in range(2):  # the second step checks that the buckets reset
+        net.zero_grad(set_to_none=True)
+        x, use = _batch(rank, step)
+        net(x, use).backward()
+        launched = sum(b.work is not None for b in sync.buckets)  # during the backward
+        sync.wait()
+        grads = {n: None if g is None else g.numpy() for n, g in _grads_of(net).items()}
+        results.append((launched, len(sync.buckets), grads))
+    return results
 
 
 def test_buckets_average_over_workers_and_start_during_the_backward(tmp_path):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_worker, args=(r, 2, init, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = run_workers(_two_steps, 2, tmp_path)
     for step in range(2):
         expected = {}
         for rank in range(2):  # each worker's own gradients, in this process

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from eae_platform.pretrain import loop
 from eae_platform.pretrain.grad_sync import GradientSync
+from tests.eae_platform.gloo_workers import run_workers
 
 
 def _adam_step(params: list[torch.nn.Parameter]) -> torch.optim.Adam:
@@ -40,29 +40,15 @@ def test_memory_metrics_on_one_worker_without_gpu():
     assert abs(metrics["table_gib_per_worker"] - 4 / 2**10) < 1e-6
 
 
-def _worker(rank: int, world: int, init: str, out) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        rows = [torch.nn.Parameter(torch.zeros(2**10 * (rank + 1), 2**8))]  # rank r: r+1 MiB
-        metrics = loop.memory_metrics(rows, _adam_step(rows), torch.device("cpu"))
-        sums = loop._sum_over_workers({"tokens": 10.0 * (rank + 1)})
-        out.put((rank, metrics, sums))
-    finally:
-        dist.destroy_process_group()
+def _memory_and_sums(rank: int, world: int):
+    rows = [torch.nn.Parameter(torch.zeros(2**10 * (rank + 1), 2**8))]  # rank r: r+1 MiB
+    metrics = loop.memory_metrics(rows, _adam_step(rows), torch.device("cpu"))
+    return metrics, loop._sum_over_workers({"tokens": 10.0 * (rank + 1)})
 
 
 def test_table_memory_is_the_largest_shard_over_workers(tmp_path):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_worker, args=(r, 2, init, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    for rank, metrics, sums in results:
+    results = run_workers(_memory_and_sums, 2, tmp_path)
+    for rank, (metrics, sums) in enumerate(results):
         assert abs(metrics["table_gib_per_worker"] - 2 * 4 / 2**10) < 1e-6, rank  # rank 1's 2 MiB x 4
         assert sums == {"tokens": 30.0}
 

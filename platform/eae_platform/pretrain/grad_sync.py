@@ -24,6 +24,10 @@ class _Bucket:
         self.work = None  # the launched all-reduce
         self.flat: torch.Tensor | None = None
 
+    @property
+    def full(self) -> bool:
+        return self.ready == len(self.params)
+
 
 class GradientSync:
     """Buckets of ~`bucket_mb` MiB of the parameters' gradients, all-reduced (averaged) as
@@ -61,21 +65,17 @@ class GradientSync:
             current.append(p)
             size += nbytes
         self.buckets.append(_Bucket(current))
-        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._produced)
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.register_post_accumulate_grad_hook(lambda _, bucket=bucket: self._produced(bucket))
 
-    def _produced(self, p: torch.nn.Parameter) -> None:
-        """Autograd hook: p.grad is final for this backward (one call per parameter, after
-        every use of it has been summed)."""
-        self._bucket_of[id(p)].ready += 1
-        while self._next < len(self.buckets) and self._full(self.buckets[self._next]):
+    def _produced(self, bucket: _Bucket) -> None:
+        """Autograd hook of each of the bucket's parameters: its .grad is final for this
+        backward (one call per parameter, after every use of it has been summed)."""
+        bucket.ready += 1
+        while self._next < len(self.buckets) and self.buckets[self._next].full:
             self._launch(self.buckets[self._next])
             self._next += 1
-
-    @staticmethod
-    def _full(bucket: _Bucket) -> bool:
-        return bucket.ready == len(bucket.params)
 
     def _launch(self, bucket: _Bucket) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]

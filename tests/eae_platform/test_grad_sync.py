@@ -31,6 +31,9 @@ class _Net(torch.nn.Module):
         return (x**2).sum()
 
 
+STEPS = 3
+
+
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, bool]:
     g = torch.Generator().manual_seed(100 * step + rank)
     return torch.randn(5, 8, generator=g), rank == 1  # `sometimes` gets a gradient on rank 1 only
@@ -46,20 +49,23 @@ def _two_steps(rank: int, world: int) -> list:
     # `sometimes` and `unused`
     sync = GradientSync(list(net.parameters()), bucket_mb=300 / 2**20)
     results = []
-    for step in range(2):  # the second step checks that the buckets reset
-        net.zero_grad(set_to_none=True)
+    # the second step checks that the buckets reset; the third zeroes the gradients in place
+    # (they are the buckets' views by then), so autograd accumulates into the buckets
+    for step in range(STEPS):
+        net.zero_grad(set_to_none=step < 2)
         x, use = _batch(rank, step)
         net(x, use).backward()
         launched = sum(b.work is not None for b in sync.buckets)  # during the backward
         sync.wait()
         grads = {n: None if g is None else g.numpy() for n, g in _grads_of(net).items()}
-        results.append((launched, len(sync.buckets), grads))
+        as_views = all(p.grad is v for b in sync.buckets for p, v in zip(b.params, b.views))
+        results.append((launched, len(sync.buckets), grads, as_views))
     return results
 
 
 def test_buckets_average_over_workers_and_start_during_the_backward(tmp_path):
     got = run_workers(_two_steps, 2, tmp_path)
-    for step in range(2):
+    for step in range(STEPS):
         expected = {}
         for rank in range(2):  # each worker's own gradients, in this process
             net = _Net()
@@ -68,8 +74,9 @@ def test_buckets_average_over_workers_and_start_during_the_backward(tmp_path):
             for name, g in _grads_of(net).items():
                 expected.setdefault(name, []).append(g)
         for rank in range(2):
-            launched, buckets, grads = got[rank][step]
+            launched, buckets, grads, as_views = got[rank][step]
             assert buckets == 4
+            assert as_views  # the averages are in the buckets: no copy back into .grad
             # every bucket went out before wait() but the last, which holds `unused` (zeros,
             # sent by wait)
             assert launched == buckets - 1, (rank, step, launched, buckets)

@@ -105,6 +105,27 @@ def test_collate_pads_to_a_fixed_length_with_the_same_content():
         data.collate(_rows(), seed=0, epoch=0, mask_rate=0.5, num_entities=None, pad_to=4)
 
 
+def test_collate_checks_the_models_inputs_on_the_host():
+    """The loop runs the model with validate=False: collate must raise the model's errors."""
+    import numpy as np
+
+    from eae_model.mentions import MentionError
+
+    rows = _rows()
+    rows["mention_ends"][1] = np.array([5], dtype=np.int64)  # past context 8's 3 tokens
+    with pytest.raises(MentionError, match="past the 3 real tokens of context 1"):
+        data.collate(rows, seed=0, epoch=0, mask_rate=0.0, num_entities=None, pad_to=16)
+    rows = _rows()
+    rows["mention_entity_ids"][0] = np.array([-5], dtype=np.int64)
+    with pytest.raises(MentionError, match="entity id -5"):
+        data.collate(rows, seed=0, epoch=0, mask_rate=0.0, num_entities=10)
+    obj = lambda *xs: np.array([np.array(x, dtype=np.int64) for x in xs] + [None], dtype=object)[:-1]  # noqa: E731
+    rows = {"context_id": np.array([7, 8]), "token_ids": obj([101, 5, 102], []), "mention_starts": obj([1], []),
+            "mention_ends": obj([1], []), "mention_entity_ids": obj([3], [])}
+    with pytest.raises(ValueError, match="context 8 has no tokens"):
+        data.collate(rows, seed=0, epoch=0, mask_rate=0.0, num_entities=None)
+
+
 @pytest.mark.parametrize("use_gpu,fixed,expected", [(True, None, 128), (False, None, None), (False, True, 128),
                                                     (True, False, None)])
 def test_batches_are_padded_to_max_length_on_gpus_by_default(use_gpu, fixed, expected):

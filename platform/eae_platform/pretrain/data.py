@@ -122,7 +122,13 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
         entity_ids = np.where(entity_ids < num_entities, entity_ids, NULL_ENTITY)
     as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))  # noqa: E731
     mentions = Mentions(as_t(np.concatenate(b_ids)), as_t(np.concatenate(starts)), as_t(np.concatenate(ends)), as_t(entity_ids))
-    return Batch(as_t(context_ids), as_t(input_ids), as_t(attention), as_t(labels), mentions)
+    batch = Batch(as_t(context_ids), as_t(input_ids), as_t(attention), as_t(labels), mentions)
+    # The model's input checks, here on the host (in the prefetch thread): the training step
+    # runs the model with validate=False, as on a GPU each check made the host wait mid-forward.
+    if not attention.any(1).all():
+        raise ValueError(f"context {int(context_ids[attention.any(1).argmin()])} has no tokens")
+    mentions.validate(batch.attention_mask, num_entities)
+    return batch
 
 
 def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None):

@@ -19,10 +19,12 @@ import torch.distributed as dist
 class _Bucket:
     def __init__(self, params: list[torch.nn.Parameter]):
         self.params = params
-        self.numels = [p.numel() for p in params]
+        # One persistent buffer per bucket; after a step each parameter's .grad is a view
+        # into it (as DDP's gradient_as_bucket_view): the averages need no copy back.
+        self.flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        self.views = [v.view_as(p) for v, p in zip(self.flat.split([p.numel() for p in params]), params)]
         self.ready = 0  # gradients produced this step
         self.work = None  # the launched all-reduce
-        self.flat: torch.Tensor | None = None
 
     @property
     def full(self) -> bool:
@@ -55,6 +57,8 @@ class GradientSync:
         if self.world == 1 or not params:
             return
         self.group = dist.new_group()  # collective: every worker builds its GradientSync
+        # NCCL averages inside the all-reduce; gloo only sums (and is divided before)
+        self._average = "nccl" in str(dist.get_backend(self.group)) and params[0].is_cuda
         limit = bucket_mb * 2**20
         current, size = [], 0
         for p in reversed(params):
@@ -78,15 +82,24 @@ class GradientSync:
             self._next += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
-        # Divided before the sum: the average comes out of the all-reduce, no pass after it.
-        bucket.flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.world)
-        bucket.work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        # One copy into the bucket (a single foreach kernel), then the views replace the
+        # gradients autograd made; a parameter without one sends zeros.
+        pairs = [(v, p.grad) for v, p in zip(bucket.views, bucket.params) if p.grad is not None and p.grad is not v]
+        if pairs:
+            torch._foreach_copy_([v for v, _ in pairs], [g for _, g in pairs])
+        for v, p in zip(bucket.views, bucket.params):
+            if p.grad is None:
+                v.zero_()
+            p.grad = v
+        if not self._average:
+            bucket.flat.div_(self.world)
+        op = dist.ReduceOp.AVG if self._average else dist.ReduceOp.SUM
+        bucket.work = dist.all_reduce(bucket.flat, op=op, group=self.group, async_op=True)
 
     def wait(self) -> None:
-        """After the backward: launch the buckets still waiting (some gradient missing), wait
-        for every all-reduce (the GPU's stream waits, not the host) and copy the averages
-        into `.grad`. Resets the buckets for the next step."""
+        """After the backward: launch the buckets still waiting (some gradient missing) and
+        wait for every all-reduce (the GPU's stream waits, not the host). Each `.grad` is then
+        a view of its bucket, holding the average. Resets the buckets for the next step."""
         held = self.buckets[self._next :]
         if held and not self._told:
             self._told = True
@@ -97,12 +110,5 @@ class GradientSync:
             self._launch(bucket)
         for bucket in self.buckets:
             bucket.work.wait()
-            averages = [v.view_as(p) for v, p in zip(bucket.flat.split(bucket.numels), bucket.params)]
-            present = [(p.grad, v) for p, v in zip(bucket.params, averages) if p.grad is not None]
-            if present:
-                torch._foreach_copy_([g for g, _ in present], [v for _, v in present])
-            for p, v in zip(bucket.params, averages):
-                if p.grad is None:
-                    p.grad = v
-            bucket.ready, bucket.work, bucket.flat = 0, None, None
+            bucket.ready, bucket.work = 0, None
         self._next = 0

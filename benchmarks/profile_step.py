@@ -2,7 +2,11 @@
 preset (batch 256 x 128, memory_impl=triton, embeddings and transformer stacks compiled as in
 `eae bench step --compile`), kernels grouped by name, the largest first.
 
-    python benchmarks/profile_step.py [--no-compile] [--rows 30]
+    python benchmarks/profile_step.py [--no-compile] [--rows 30] [--gaps 25] [--trace FILE.json.gz]
+
+It also prints the step's wall time (CUDA events, outside the profiler) against its GPU busy
+time (the union of kernel intervals): the difference is time the GPU waits for the host
+(syncs, launches). The longest of those idle gaps are listed with the kernels around them.
 """
 
 import argparse
@@ -18,6 +22,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--rows", type=int, default=30)
+    parser.add_argument("--gaps", type=int, default=25)
+    parser.add_argument("--trace", help="write the profiled steps' Chrome trace here")
     args = parser.parse_args()
     device = torch.device("cuda")
     config = load_config("paper", overrides=["memory_impl=triton"])
@@ -26,6 +32,13 @@ def main() -> None:
     for _ in range(4):
         step()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    wall = start.elapsed_time(end) / 10
     steps = 3
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -38,6 +51,36 @@ def main() -> None:
     print(f"GPU kernel time per step: {total:.1f} ms (compile={not args.no_compile})")
     for e in kernels[: args.rows]:
         print(f"{e.device_time_total / steps / 1e3:8.2f} ms  {e.count // steps:5d}x  {e.key[:110]}")
+    _idle(prof, wall, steps, args.gaps)
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+
+
+def _idle(prof, wall_ms: float, steps: int, top: int) -> None:
+    """GPU busy time per step (union of kernel intervals, any stream) against the wall time, and
+    the longest gaps between kernels with the kernels before and after each."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    busy, gaps, reach, before = 0.0, [], None, None
+    for begin, finish, name in spans:
+        if reach is None or begin > reach:
+            if reach is not None:
+                gaps.append((begin - reach, before, name))
+            busy += finish - begin
+            reach = finish
+        elif finish > reach:
+            busy += finish - reach
+            reach = finish
+        if finish >= reach:
+            before = name
+    busy_ms = busy / steps / 1e3
+    print(f"\nwall {wall_ms:.1f} ms/step (10 steps, no profiler), GPU busy {busy_ms:.1f} ms/step "
+          f"(union of kernels), so the GPU waits ~{wall_ms - busy_ms:.1f} ms/step")
+    gaps.sort(key=lambda g: -g[0])
+    total = sum(g[0] for g in gaps) / steps / 1e3
+    print(f"gaps between kernels (profiled steps, {len(gaps) // steps} per step, {total:.1f} ms/step); the longest:")
+    for length, a, b in gaps[:top]:
+        print(f"  {length / 1e3:7.3f} ms  after {a[:60]}  before {b[:60]}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ def bio_labels(mentions: Mentions, attention_mask: torch.Tensor) -> torch.Tensor
         edges.index_put_((mentions.batch_ids, mentions.starts), ones, accumulate=True)
         edges.index_put_((mentions.batch_ids, mentions.ends + 1), -ones, accumulate=True)
         labels.masked_fill_(edges.cumsum(1)[:, :length] > 0, I)  # (a boolean index would sync)
-        labels[mentions.batch_ids, mentions.starts] = B
+        # A tensor of B rather than `= B`: a Python scalar becomes a CPU tensor that is copied to
+        # the GPU from pageable memory, and that copy makes the host wait for the GPU.
+        labels.index_put_((mentions.batch_ids, mentions.starts), torch.full_like(mentions.starts, B))
     return labels.masked_fill(attention_mask == 0, IGNORE)
 
 

@@ -47,6 +47,35 @@ class EaEOutput:
     loss: torch.Tensor | None = None
 
 
+@dataclass
+class TargetIndices:
+    """Where a training step's losses look: the masked tokens and the linked mentions.
+
+    Finding them takes `nonzero`, whose output size the host must read: on a GPU that makes
+    the host wait until the GPU has run everything queued before it. In the forward, that wait
+    came at the start of every step and emptied the GPU's queue, and the host then stayed just
+    ahead of the GPU for the whole step, leaving it idle between kernels (~8 ms of an 80 ms
+    step on an H100, docs/performance.md section 1). Computed with the batch on the host
+    (`of(...)` on CPU tensors, then `.to(device)`) and passed to forward(), the step has no
+    host sync at all."""
+
+    mlm_positions: tuple[torch.Tensor, torch.Tensor] | None  # (batch, position) of masked tokens
+    linked: torch.Tensor | None  # [M_linked] indices of the mentions with an entity
+
+    @staticmethod
+    def of(mlm_labels: torch.Tensor | None, mentions: Mentions | None) -> "TargetIndices":
+        positions = (mlm_labels != IGNORE).nonzero(as_tuple=True) if mlm_labels is not None else None
+        linked = None
+        if mentions is not None and mentions.entity_ids is not None:
+            linked = (mentions.entity_ids != NULL_ENTITY).nonzero(as_tuple=True)[0]
+        return TargetIndices(positions, linked)
+
+    def map(self, fn) -> "TargetIndices":
+        """The same indices with fn applied to every tensor (`.to(device)`, `.pin_memory()`)."""
+        positions = None if self.mlm_positions is None else tuple(fn(t) for t in self.mlm_positions)
+        return TargetIndices(positions, None if self.linked is None else fn(self.linked))
+
+
 class EaEModel(nn.Module):
     def __init__(
         self, config: EaEConfig, entity_init: torch.Tensor | None = None, entity_table: nn.Module | None = None
@@ -122,13 +151,16 @@ class EaEModel(nn.Module):
         k: int | None | object = _ALL,
         validate: bool = True,
         bio_labels: torch.Tensor | None = None,
+        indices: TargetIndices | None = None,
     ) -> EaEOutput:
         """input_ids [B, L]; attention_mask [B, L] (1 = real token); mentions: the given spans
         (training, with entity ids for the EL losses) or None to use the BIO head's decoded
         spans; mlm_labels [B, L]: the original token at masked positions, IGNORE elsewhere;
         k: the memory's top-k (None = all), by default config.k_train / k_inference;
         bio_labels [B, L]: mention-detection targets when they are not the given spans' tags
-        (QA: the answer position is a mention but no text span).
+        (QA: the answer position is a mention but no text span); indices: the batch's
+        TargetIndices when the caller has them (training: computed on the host with the batch,
+        so the forward does not wait for the GPU), else computed here.
 
         Losses are computed for what labels are given: BIO (whenever mentions are given),
         EL for the memory and EntityPred (linked mentions), masked LM (mlm_labels)."""
@@ -143,12 +175,12 @@ class EaEModel(nn.Module):
         if k is _ALL:
             k = c.k(self.training)
 
-        # The forward's two host syncs (nonzero), before any layer is launched: the host then
-        # runs ahead of the GPU for the whole step instead of draining its queue mid-step.
-        mlm_positions = (mlm_labels != IGNORE).nonzero(as_tuple=True) if mlm_labels is not None else None
-        linked = None
-        if self.entity_pred is not None and mentions is not None and mentions.entity_ids is not None:
-            linked = (mentions.entity_ids != NULL_ENTITY).nonzero(as_tuple=True)[0]
+        # Without the caller's indices, the forward's only host syncs (nonzero), before any layer
+        # is launched, so that the GPU's queue does not drain mid-step.
+        if indices is None:
+            indices = TargetIndices.of(mlm_labels, mentions)
+        mlm_positions = indices.mlm_positions if mlm_labels is not None else None
+        linked = indices.linked if self.entity_pred is not None else None
 
         x1 = self.transformer_l0(self.token_embed(input_ids, token_type_ids), key_mask)
         bio_logits = self.mention_head(x1) if self.mention_head is not None else None

@@ -17,7 +17,7 @@ import torch
 
 from eae_model.config import EaEConfig, load_config
 from eae_model.mentions import Mentions
-from eae_model.model import IGNORE, EaEModel
+from eae_model.model import IGNORE, EaEModel, TargetIndices
 
 # Dense bf16 tensor-core peaks (datasheets, SXM parts), for model FLOP utilisation.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -120,10 +120,14 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, c
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
+    # As the batch itself, prepared before the timed steps (the pretraining loop finds them on
+    # the host with the batch): the step then never waits for the GPU.
+    indices = TargetIndices.of(labels, mentions)
+
     def step():
-        with autocast:
-            out = model(ids, mentions=mentions, mlm_labels=labels, validate=False)
         optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            out = model(ids, mentions=mentions, mlm_labels=labels, validate=False, indices=indices)
         out.loss.backward()
         optimizer.step()
 
@@ -143,9 +147,9 @@ def _bert_step(c: EaEConfig, ids, labels, device, compile: bool):
     forward = torch.compile(bert) if compile else bert
 
     def step():
+        optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = forward(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
@@ -387,10 +391,12 @@ def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps
     c = config.model
     ids, labels, mentions = make_batch(batch, c.max_length, c.num_entities, c.vocab_size, device, seed=rank)
 
+    indices = TargetIndices.of(labels, mentions)  # as the loop's batches bring them
+
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(ids, mentions=mentions, mlm_labels=labels, validate=False).loss
         optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, mentions=mentions, mlm_labels=labels, validate=False, indices=indices).loss
         loss.backward()
         sync_and_clip(sync, list(replicated.values()), list(table.values()), 1.0)
         optimizer.step()

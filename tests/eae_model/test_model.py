@@ -3,9 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._python_dispatch
 
 from eae_model import EaEModel, MentionError, Mentions, load_config
-from eae_model.model import IGNORE
+from eae_model.model import IGNORE, TargetIndices
 
 
 def _batch(seed=0, length=12):
@@ -81,6 +82,49 @@ def test_losses_are_the_papers_cross_entropies():
     for name, want in [("memory_el", want_el), ("entity_pred", want_ep), ("mention", want_bio), ("mlm", want_mlm)]:
         torch.testing.assert_close(out.losses[name], want, msg=name)
     torch.testing.assert_close(out.loss, want_el + want_ep + want_bio + want_mlm)
+
+
+class _HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ops whose result size or value the host must read (on a GPU: a wait for it)."""
+
+    SYNCS = {"nonzero", "_local_scalar_dense", "is_nonzero", "masked_select"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.SYNCS:
+            self.seen.append(name)
+        # `t[i] = 1`: the 1 becomes a CPU tensor, on a GPU copied from pageable memory (a wait)
+        if name in ("index_put_", "index_put") and args[2].dim() == 0:
+            self.seen.append(f"{name} of a scalar")
+        return func(*args, **(kwargs or {}))
+
+
+def test_given_target_indices_the_training_forward_never_reads_the_device():
+    """TargetIndices found with the batch (on the host) give the same losses and gradients as
+    the forward's own, and then the training forward and backward run no host sync at all."""
+    model = _model()
+    ids, mask, mentions = _batch()
+    labels = torch.full_like(ids, IGNORE)
+    labels[0, 1:3], labels[1, 4] = ids[0, 1:3], ids[1, 4]
+    runs = {}
+    for given in (False, True):
+        model.zero_grad(set_to_none=True)
+        indices = TargetIndices.of(labels, mentions) if given else None
+        with _HostSyncs() as syncs:
+            out = model(ids, mask, mentions=mentions, mlm_labels=labels, validate=False, indices=indices)
+            out.loss.backward()
+        runs[given] = (out.losses, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, syncs.seen)
+    assert runs[False][2].count("nonzero") == 2  # without them: masked positions, linked mentions
+    assert runs[True][2] == []
+    for name, value in runs[False][0].items():
+        torch.testing.assert_close(runs[True][0][name], value, rtol=0, atol=0, msg=name)
+    assert runs[True][1].keys() == runs[False][1].keys()
+    for name, grad in runs[False][1].items():
+        torch.testing.assert_close(runs[True][1][name], grad, rtol=0, atol=0, msg=name)
 
 
 def test_loss_weights_and_unsup_preset():

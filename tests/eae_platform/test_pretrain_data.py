@@ -101,6 +101,10 @@ def test_collate_pads_to_a_fixed_length_with_the_same_content():
         assert torch.equal(b[:, :5], a), name
     assert fixed.attention_mask[:, 5:].sum() == 0 and (fixed.mlm_labels[:, 5:] == natural.mlm_labels[1, 4]).all()
     assert torch.equal(fixed.mentions.starts, natural.mentions.starts)
+    # the model's indices, found on the host: masked positions and linked mentions
+    rows, cols = fixed.indices.mlm_positions
+    assert torch.equal(fixed.mlm_labels[rows, cols], fixed.mlm_labels[fixed.mlm_labels != -100])
+    assert len(rows) == int((fixed.mlm_labels != -100).sum()) and torch.equal(fixed.indices.linked, torch.tensor([0]))
     with pytest.raises(ValueError, match="longer than pad_to=4"):
         data.collate(_rows(), seed=0, epoch=0, mask_rate=0.5, num_entities=None, pad_to=4)
 

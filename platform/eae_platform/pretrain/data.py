@@ -29,7 +29,7 @@ import torch
 
 from eae_model.constants import MASK_TOKEN_ID, NULL_ENTITY
 from eae_model.mentions import Mentions
-from eae_model.model import IGNORE
+from eae_model.model import IGNORE, TargetIndices
 
 EVAL_EPOCH = 2**31 - 1  # the masking seed's epoch for dev batches (seeds must be non-negative)
 COLUMNS = ["context_id", "token_ids", "mention_starts", "mention_ends", "mention_entity_ids"]
@@ -62,11 +62,12 @@ class Batch:
     attention_mask: torch.Tensor  # [B, L]
     mlm_labels: torch.Tensor  # [B, L], original token at masked positions, IGNORE elsewhere
     mentions: Mentions
+    indices: TargetIndices  # masked positions and linked mentions, found on the host
 
     def _map(self, fn) -> "Batch":
         m = self.mentions
         return Batch(fn(self.context_ids), fn(self.input_ids), fn(self.attention_mask), fn(self.mlm_labels),
-                     Mentions(fn(m.batch_ids), fn(m.starts), fn(m.ends), fn(m.entity_ids)))
+                     Mentions(fn(m.batch_ids), fn(m.starts), fn(m.ends), fn(m.entity_ids)), self.indices.map(fn))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -122,9 +123,12 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
         entity_ids = np.where(entity_ids < num_entities, entity_ids, NULL_ENTITY)
     as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))  # noqa: E731
     mentions = Mentions(as_t(np.concatenate(b_ids)), as_t(np.concatenate(starts)), as_t(np.concatenate(ends)), as_t(entity_ids))
-    batch = Batch(as_t(context_ids), as_t(input_ids), as_t(attention), as_t(labels), mentions)
-    # The model's input checks, here on the host (in the prefetch thread): the training step
-    # runs the model with validate=False, as on a GPU each check made the host wait mid-forward.
+    labels_t = as_t(labels)
+    batch = Batch(as_t(context_ids), as_t(input_ids), as_t(attention), labels_t, mentions,
+                  TargetIndices.of(labels_t, mentions))
+    # The model's input checks and its indices, here on the host (in the prefetch thread): the
+    # training step runs the model with validate=False and these indices, as on a GPU each check
+    # and each nonzero made the host wait for the GPU.
     if not attention.any(1).all():
         raise ValueError(f"context {int(context_ids[attention.any(1).argmin()])} has no tokens")
     mentions.validate(batch.attention_mask, num_entities)

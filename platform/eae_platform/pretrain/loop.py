@@ -260,10 +260,12 @@ def train_loop_per_worker(config_dict: dict) -> None:
             window["data_wait_s"] += time.perf_counter() - waited
             # From pinned memory the copy joins the GPU's queue: the host goes on launching.
             batch = host.to(device, non_blocking=device.type == "cuda")
-            with autocast:
-                out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,
-                            validate=False)  # checked on the host by data.collate
+            # Before the forward: here its host time runs while the GPU finishes the last step.
             optimizer.zero_grad(set_to_none=True)
+            with autocast:
+                # checked on the host by data.collate, which also found the indices: no host sync
+                out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,
+                            validate=False, indices=batch.indices)
             out.loss.backward()
             grad_norm = sync_and_clip(sync, list(replicated.values()), list(table.values()), t.grad_clip)
             optimizer.step()

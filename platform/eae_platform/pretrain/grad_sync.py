@@ -34,7 +34,9 @@ class _Bucket:
 class GradientSync:
     """Buckets of ~`bucket_mb` MiB of the parameters' gradients, all-reduced (averaged) as
     each one fills during the backward; `wait()` after the backward finishes the step's
-    exchange and writes the averages into `.grad`.
+    exchange. Each `.grad` is then a view of its bucket, holding the average: zero the
+    gradients with `set_to_none=True` (autograd's new gradient is copied into the bucket) or in
+    place (autograd accumulates into the view itself); both work.
 
     Buckets follow the parameters in reverse (the backward reaches the heads and upper layers
     first) and are launched in that order on every worker: NCCL needs the same sequence of

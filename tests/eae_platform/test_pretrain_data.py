@@ -214,3 +214,21 @@ def test_closing_before_the_first_item_stops_the_thread_too():
     stream.close()
     thread.join(timeout=10)
     assert not thread.is_alive() and source.closed and source.produced < 10
+
+
+def test_dev_batches_are_read_once_when_bounded():
+    """The evaluation's batches are read at the first evaluation and replayed after it (a new
+    Ray Data pipeline per evaluation cost seconds); unbounded (eval_batches=0) they are read
+    each time, and an evaluation stopped early keeps nothing."""
+    reads = []
+
+    def read():
+        reads.append(1)
+        yield from ("b0", "b1", "b2")
+
+    dev = data.DevBatches(read, keep=True)
+    assert next(iter(dev)) == "b0"  # stopped after one batch: nothing kept
+    assert list(dev) == ["b0", "b1", "b2"] and len(reads) == 2
+    assert list(dev) == ["b0", "b1", "b2"] and list(dev) == ["b0", "b1", "b2"] and len(reads) == 2
+    streamed = data.DevBatches(read, keep=False)
+    assert list(streamed) == list(streamed) == ["b0", "b1", "b2"] and len(reads) == 4

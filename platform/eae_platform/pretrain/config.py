@@ -45,7 +45,7 @@ class TrainConfig:
     compile: bool | None = None
     profile_steps: str | None = None  # "FIRST-LAST": torch.profiler over those steps -> profile-rank<r>.txt
     checkpoint_every: int = 100
-    eval_batches: int = 20  # dev batches per evaluation (0: the whole dev split)
+    eval_batches: int = 20  # dev batches per evaluation, read once and kept (0: the whole dev split, read each time)
     max_failures: int = 0  # worker crashes survived by restarting from the last checkpoint
     name: str = "eae-pretrain"  # Ray Train run name: relaunching with the same name resumes
     storage_path: str = "runs/ray"  # Ray Train storage (checkpoints)

@@ -288,3 +288,27 @@ def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities
     dataset = ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(steps * batch_size * world_size)
     for rows in dataset.iter_batches(batch_size=batch_size * world_size, batch_format="numpy", drop_last=True):
         yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities, pad_to)
+
+
+class DevBatches:
+    """The evaluation's batches, read (`read()`: `iter_eval`) at the first evaluation and kept
+    in host memory when `keep` (a bounded number of batches, train.eval_batches > 0): every
+    evaluation reads the same rows with the same masks, and each one opened a new Ray Data
+    pipeline (~6.5 s on the 2-core CI machine; the job evaluates at every checkpoint). An
+    evaluation that stops early keeps nothing; the next one reads again."""
+
+    def __init__(self, read: Callable[[], Iterator], keep: bool):
+        self._read, self._keep = read, keep
+        self._kept: list | None = None
+
+    def __iter__(self) -> Iterator:
+        return iter(self._kept) if self._kept is not None else self._first()
+
+    def _first(self) -> Iterator:
+        kept = []
+        for batch in self._read():
+            if self._keep:
+                kept.append(batch)
+            yield batch
+        if self._keep:
+            self._kept = kept

@@ -165,19 +165,27 @@ def memory_metrics(table: list[torch.nn.Parameter], optimizer: torch.optim.Optim
 
 
 @torch.no_grad()
-def evaluate(model: EaEModel, config: PretrainConfig, rank: int, world_size: int, device) -> dict[str, float]:
+def dev_batches(config: PretrainConfig, rank: int, world_size: int) -> data.DevBatches:
+    """This rank's dev batches for `evaluate`, kept after the first evaluation unless
+    train.eval_batches is 0 (the whole dev split, read at every evaluation)."""
+    t = config.train
+    files = data.shard_files(t.data, "dev")
+    return data.DevBatches(lambda: data.iter_eval(files, t.seed, rank, world_size, t.batch_per_worker, t.mask_rate,
+                                                  config.model.num_entities, t.eval_batches, pad_to(config)),
+                           keep=t.eval_batches > 0)
+
+
+@torch.no_grad()
+def evaluate(model: EaEModel, dev: data.DevBatches, device) -> dict[str, float]:
     """The paper's Table 2 metrics on the dev split, with the pretraining masking (seeded, so
     every evaluation sees the same masks): entity accuracy of EntityPred on masked linked
     mentions, token accuracy and perplexity of TokenPred on masked tokens."""
-    t = config.train
-    files = data.shard_files(t.data, "dev")
     sums = defaultdict(float)
     model.eval()
-    batches = data.iter_eval(files, t.seed, rank, world_size, t.batch_per_worker, t.mask_rate,
-                             config.model.num_entities, t.eval_batches, pad_to(config))
-    for batch in batches:
+    for batch in dev:
         batch = batch.to(device)
-        out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels)
+        out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,
+                    validate=False, indices=batch.indices)  # checked and found by data.collate
         add_masked_prediction(sums, model, out, batch.input_ids, batch.mentions, batch.mlm_labels)
     model.train()
     metrics = masked_prediction_metrics(_sum_over_workers({k: sums[k] for k in SUM_KEYS}))
@@ -250,6 +258,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
         return data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker)
 
     stream = data.iter_epochs(open_epoch, steps_in, progress["epoch"], progress["step_in_epoch"])
+    dev = dev_batches(config, rank, world_size)
     with closing(stream):  # an early stop or an error ends the prefetch threads
         while progress["step"] < t.max_steps:
             profiler.before(progress["step"] + 1)
@@ -296,7 +305,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
                         memory_metrics(list(table.values()), optimizer, device))
                 window, window_start = defaultdict(float), time.perf_counter()
             if step % t.checkpoint_every == 0 or step == t.max_steps:
-                metrics = evaluate(model, config, rank, world_size, device)
+                metrics = evaluate(model, dev, device)
                 if tracker is not None and metrics:
                     tracker.log_metrics(metrics, step)
                 _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})

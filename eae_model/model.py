@@ -177,8 +177,8 @@ class EaEModel(nn.Module):
 
         # Without the caller's indices, the forward's only host syncs (nonzero), before any layer
         # is launched, so that the GPU's queue does not drain mid-step.
-        if indices is None:
-            indices = TargetIndices.of(mlm_labels, mentions)
+        if indices is None:  # linked mentions only for EntityPred: no nonzero without it
+            indices = TargetIndices.of(mlm_labels, mentions if self.entity_pred is not None else None)
         mlm_positions = indices.mlm_positions if mlm_labels is not None else None
         linked = indices.linked if self.entity_pred is not None else None
 

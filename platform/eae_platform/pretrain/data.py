@@ -129,8 +129,9 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
     # The model's input checks and its indices, here on the host (in the prefetch thread): the
     # training step runs the model with validate=False and these indices, as on a GPU each check
     # and each nonzero made the host wait for the GPU.
-    if not attention.any(1).all():
-        raise ValueError(f"context {int(context_ids[attention.any(1).argmin()])} has no tokens")
+    empty = ~attention.any(1)
+    if empty.any():
+        raise ValueError(f"context {int(context_ids[empty.argmax()])} has no tokens")
     mentions.validate(batch.attention_mask, num_entities)
     return batch
 

@@ -164,7 +164,6 @@ def memory_metrics(table: list[torch.nn.Parameter], optimizer: torch.optim.Optim
     return out
 
 
-@torch.no_grad()
 def dev_batches(config: PretrainConfig, rank: int, world_size: int) -> data.DevBatches:
     """This rank's dev batches for `evaluate`, kept after the first evaluation unless
     train.eval_batches is 0 (the whole dev split, read at every evaluation)."""

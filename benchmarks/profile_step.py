@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from eae_model.config import load_config
 from eae_platform.bench import _eae_step, make_batch
+from eae_platform.pretrain.profiling import gpu_busy
 
 
 def main() -> None:
@@ -57,31 +58,15 @@ def main() -> None:
 
 
 def _idle(prof, wall_ms: float, steps: int, top: int) -> None:
-    """GPU busy time per step (union of kernel intervals, any stream) against the wall time, and
-    the longest gaps between kernels with the kernels before and after each."""
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
-    busy, gaps, reach, before = 0.0, [], None, None
-    for begin, finish, name in spans:
-        if reach is None or begin > reach:
-            if reach is not None:
-                gaps.append((begin - reach, before, name))
-            busy += finish - begin
-            reach = finish
-        elif finish > reach:
-            busy += finish - reach
-            reach = finish
-        if finish >= reach:
-            before = name
+    """GPU busy time per step against the wall time, and the longest gaps between kernels."""
+    busy, gaps = gpu_busy(prof)
     busy_ms = busy / steps / 1e3
     print(f"\nwall {wall_ms:.1f} ms/step (10 steps, no profiler), GPU busy {busy_ms:.1f} ms/step "
           f"(union of kernels), so the GPU waits ~{wall_ms - busy_ms:.1f} ms/step")
-    gaps.sort(key=lambda g: -g[0])
     total = sum(g[0] for g in gaps) / steps / 1e3
     print(f"gaps between kernels (profiled steps, {len(gaps) // steps} per step, {total:.1f} ms/step); the longest:")
     for length, a, b in gaps[:top]:
         print(f"  {length / 1e3:7.3f} ms  after {a[:60]}  before {b[:60]}")
-
 
 if __name__ == "__main__":
     main()

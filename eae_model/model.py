@@ -141,6 +141,16 @@ class EaEModel(nn.Module):
         special = (input_ids == CLS_TOKEN_ID) | (input_ids == SEP_TOKEN_ID)
         return attention_mask.bool() & ~special
 
+    def table_call_sizes(self, mentions: Mentions, indices: TargetIndices) -> list[int]:
+        """The mention counts of the entity-table calls that a forward given these mentions
+        and indices makes, in order: the memory's (all mentions), then EntityPred's (the linked
+        ones when the mentions carry entity ids). What a sharded table's `expect` needs before
+        the forward."""
+        sizes = [len(mentions)] if self.entity_memory is not None else []
+        if self.entity_pred is not None:
+            sizes.append(len(indices.linked) if mentions.entity_ids is not None else len(mentions))
+        return sizes
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -16,7 +16,9 @@ The M = sum_w M_w mentions are numbered in rank order (worker 0's first). One st
 `attend`, for worker r as *shard* (rows of E) and as *owner* (of its mentions):
 
   R0  sizes: all_gather of (M_w, error flag), so that bad input raises on every worker (on the
-      host, over gloo, when the group is NCCL's).
+      host, over gloo, when the group is NCCL's). Or exchanged ahead of the call
+      (`exchange_counts`, then `expect`): the training loop does it for the coming batches in a
+      thread ahead of the steps, so that a step's table calls never wait for the other hosts.
   R1  queries: every worker sends h_w (and t_w) to every other: H [M, d], T [M] everywhere.
   --  local pass over E_r in chunks of `chunk_rows` rows (online softmax): S = H E_r^T; per
       mention the local max m_r, z_r = sum exp(S - m_r) over all own rows, and for k < all the
@@ -99,6 +101,7 @@ float rounding (different summation order), not bit for bit.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -419,6 +422,18 @@ class _Attend(torch.autograd.Function):
 _ERRORS = {1: "h must be [M, dim]", 2: "targets must be [M] integers in [-1, num_entities)"}
 
 
+def exchange_counts(counts: list[int], group=None) -> list[list[int]]:
+    """R0 ahead of time: this worker's mention counts for its next table calls (the same
+    number of calls on every worker) -> [call][worker] counts for `ShardedEntityTable.expect`.
+    A collective over `group` (a gloo group: host tensors); with one worker, no communication."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return [[c] for c in counts]
+    mine = torch.tensor(counts, dtype=torch.int64)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
+    return torch.stack(parts, 1).tolist()
+
+
 class ShardedEntityTable(nn.Module):
     """E [num_entities, dim], rows split over the workers of `group` (default: the default
     process group if initialized, else one worker owning everything).
@@ -466,6 +481,7 @@ class ShardedEntityTable(nn.Module):
             a, b = max(start, self.lo), min(start + self.INIT_BLOCK, self.hi)
             rows[a - self.lo : b - self.lo] = values[a - start : b - start]
         self.weight = nn.Parameter(rows.to(device), requires_grad=trainable)
+        self._expected: deque[list[int]] = deque()  # `expect`: R0 done ahead for the next calls
 
     def extra_repr(self) -> str:
         rows = f"rows=[{self.lo}, {self.hi}), shards={self.world_size}"
@@ -477,6 +493,15 @@ class ShardedEntityTable(nn.Module):
         if tuple(matrix.shape) != (self.num_entities, self.dim):
             raise ValueError(f"expected [{self.num_entities}, {self.dim}], got {list(matrix.shape)}")
         self.weight.copy_(matrix[self.lo : self.hi])
+
+    def expect(self, counts: list[list[int]]) -> None:
+        """The next len(counts) calls' mention counts on every worker ([call][worker], from
+        `exchange_counts`): those calls skip R0. A call whose own count differs raises; a
+        bad input then raises on this worker only (R0 would raise on all), so the caller
+        checks its inputs first, as the training loop's `data.collate` does."""
+        if self._expected:
+            raise RuntimeError(f"{len(self._expected)} expected table call(s) of the previous step were not made")
+        self._expected.extend(list(c) for c in counts)
 
     def _check(self, h: torch.Tensor, targets: torch.Tensor | None) -> list[int]:
         error = 0
@@ -494,7 +519,15 @@ class ShardedEntityTable(nn.Module):
                     # checks instead and stops the process with this message (EaEModel has
                     # already checked its mentions' entity ids with clear errors).
                     torch._assert_async(in_range, _ERRORS[2])
-        counts, errors = self._comm.sizes(h.shape[0] if h.dim() == 2 else 0, error, h.device)
+        count = h.shape[0] if h.dim() == 2 else 0
+        if self._expected:
+            counts = self._expected.popleft()
+            if error or counts[self.rank] != count:
+                self._expected.clear()
+                raise ValueError(_ERRORS[error] if error else
+                                 f"this call has {count} mentions, {counts[self.rank]} were expected (`expect`)")
+            return counts
+        counts, errors = self._comm.sizes(count, error, h.device)
         bad = [f"worker {w}: {_ERRORS[code]}" for w, code in enumerate(errors) if code]
         if bad:
             raise ValueError("; ".join(bad))

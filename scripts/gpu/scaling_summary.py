@@ -1,12 +1,16 @@
 """The JSON summary of scripts/gpu/pretrain-scaling's runs, read back from MLflow (the store
 MLFLOW_TRACKING_URI names) and the Ray Train storage folder.
 
-Per run: steady tokens/s (all tokens / all seconds of the logged windows after the first,
-which holds Triton autotuning and the first reads), step time and contexts/s, the entity
+Per run: steady tokens/s (all tokens / all seconds of the logged windows after the warm-up,
+`--warmup-steps`: the first window holds Triton autotuning and the first reads, and the first
+2-GPU run on a fresh machine compiles again in the second; windows holding profiled steps,
+`--profile-steps`, are left out too), step time, its median window and contexts/s, the entity
 table's GiB per worker (rows + gradient + Adam state, `table_gib_per_worker`), the peak GPU
 memory of the workers (largest and smallest, `peak_gpu_gib`, `peak_gpu_gib_min`), the MLflow
 run id and its checkpoint artifacts, the checkpoint folders with their files. Then the scaling
-of each run's tokens/s over the 1-worker run's.
+of each run over the 1-worker run's: by tokens/s, and by contexts (workers x the 1-worker
+stall-free step time / the run's: every worker's batch has the same number of contexts, while
+real tokens per batch vary with the data each worker reads).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from pathlib import Path
 
 
@@ -21,27 +26,43 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-def steady(tokens_per_s: list[tuple[int, float]], step_time_s: list[tuple[int, float]], log_every: int) -> dict:
-    """Windows after the first: total tokens / total seconds, mean step time. Windows are
-    keyed by their last step; a window's steps = its step minus the previous window's."""
+def steady(tokens_per_s: list[tuple[int, float]], step_time_s: list[tuple[int, float]], warmup_steps: int,
+           profiled: tuple[int, int] | None = None) -> dict:
+    """Windows ending after step `warmup_steps` and holding no profiled step: total tokens /
+    total seconds, mean and median step time. Windows are keyed by their last step; a window's
+    steps = its step minus the previous window's."""
     times = dict(step_time_s)
-    rows, previous = [], 0
+    rows, ends, previous = [], [], 0
     for step, tps in tokens_per_s:
-        steps = step - previous
+        first, steps = previous + 1, step - previous
         previous = step
-        if step <= log_every or step not in times:  # the first window: start-up
+        if step <= warmup_steps or step not in times:
+            continue
+        if profiled and first <= profiled[1] and step >= profiled[0]:  # the profiler slows its steps
             continue
         seconds = times[step] * steps
-        rows.append((steps, seconds, tps * seconds))
+        rows.append((steps, seconds, tps * seconds, times[step]))
+        ends.append(step)
     if not rows:
         return {}
     steps = sum(r[0] for r in rows)
     seconds = sum(r[1] for r in rows)
+    median = statistics.median(r[3] for r in rows)
+    # A stall: a window over twice the median step (one-time costs inside the run, e.g. 16 s in
+    # one window of a 300-step run: a late autotune or compilation). Listed with their cost, and
+    # left out of the stall-free step time that the contexts scaling compares.
+    steady_rows = [r for r in rows if r[3] <= 2 * median]
+    stalls = [(step, round(r[3], 4), round(r[1] - r[0] * median, 2)) for step, r in zip(ends, rows) if r[3] > 2 * median]
     return {"tokens_per_s": sum(r[2] for r in rows) / seconds, "step_time_s": seconds / steps,
-            "steps_timed": steps, "first_window_tokens_per_s": tokens_per_s[0][1] if tokens_per_s else None}
+            "median_window_step_time_s": median,
+            "stall_free_step_time_s": sum(r[1] for r in steady_rows) / sum(r[0] for r in steady_rows),
+            "stall_windows": [{"step": st, "step_time_s": t, "extra_s": x} for st, t, x in stalls],
+            "steps_timed": steps, "windows_timed": len(rows),
+            "first_window_tokens_per_s": tokens_per_s[0][1] if tokens_per_s else None}
 
 
-def summarize_run(client, experiment_id: str | None, record: dict, storage: Path, log_every: int, batch: int) -> dict:
+def summarize_run(client, experiment_id: str | None, record: dict, storage: Path, batch: int, warmup_steps: int,
+                  profiled: tuple[int, int] | None) -> dict:
     out = dict(record)
     ckpt_root = storage / record["name"]
     out["checkpoints"] = {
@@ -63,7 +84,7 @@ def summarize_run(client, experiment_id: str | None, record: dict, storage: Path
     wait = dict(_history(client, rid, "data_wait_s"))  # the slowest worker's wait for its batch, s/step
     out["windows"] = [{"step": s, "tokens_per_s": round(v), "step_time_s": round(dict(st).get(s, float("nan")), 4),
                        "data_wait_s": round(wait.get(s, float("nan")), 4)} for s, v in tps]
-    out.update(steady(tps, st, log_every))
+    out.update(steady(tps, st, warmup_steps, profiled))
     if out.get("step_time_s"):
         out["contexts_per_s"] = batch * record["workers"] / out["step_time_s"]
     for key in ("table_gib_per_worker", "peak_gpu_gib", "peak_gpu_gib_min"):
@@ -84,8 +105,12 @@ def main() -> None:
     p.add_argument("--experiment", default="gpu-scaling")
     p.add_argument("--log-every", type=int, required=True)
     p.add_argument("--batch", type=int, required=True, help="contexts per worker and step")
+    p.add_argument("--warmup-steps", type=int, help="leave out the windows ending at or before this step (default: --log-every)")
+    p.add_argument("--profile-steps", help="FIRST-LAST, the runs' train.profile_steps: their windows are left out")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    warmup = args.log_every if args.warmup_steps is None else args.warmup_steps
+    profiled = tuple(int(x) for x in args.profile_steps.split("-")) if args.profile_steps else None
     records = [json.loads(x) for x in Path(args.runs).read_text().splitlines() if x.strip()]
     client = experiment_id = None
     error = None
@@ -100,20 +125,24 @@ def main() -> None:
     runs = []
     for record in records:
         try:
-            runs.append(summarize_run(client, experiment_id, record, Path(args.storage), args.log_every, args.batch))
+            runs.append(summarize_run(client, experiment_id, record, Path(args.storage), args.batch, warmup, profiled))
         except Exception as exc:  # noqa: BLE001
             runs.append({**record, "summary_error": f"{type(exc).__name__}: {exc}"})
-    base = next((r.get("tokens_per_s") for r in runs if r["workers"] == 1 and r.get("tokens_per_s")), None)
+    one = next((r for r in runs if r["workers"] == 1 and r.get("tokens_per_s")), None)
     for r in runs:
-        if base and r.get("tokens_per_s"):
-            r["scaling_vs_1_worker"] = r["tokens_per_s"] / base
+        if one and r.get("tokens_per_s"):
+            r["scaling_vs_1_worker"] = r["tokens_per_s"] / one["tokens_per_s"]
+            r["scaling_contexts_vs_1_worker"] = r["workers"] * one["stall_free_step_time_s"] / r["stall_free_step_time_s"]
     summary = {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI"), "log_every": args.log_every,
+               "warmup_steps": warmup, "profile_steps": args.profile_steps,
                "batch_per_worker": args.batch, "runs": runs, **({"mlflow_error": error} if error else {})}
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     for r in runs:
         print(f"workers {r['workers']}: rc {r['rc']}, {r.get('tokens_per_s', float('nan')):,.0f} tokens/s steady "
-              f"({r.get('contexts_per_s', float('nan')):,.0f} contexts/s, step {r.get('step_time_s', float('nan')) * 1e3:.1f} ms), "
-              f"scaling {r.get('scaling_vs_1_worker', float('nan')):.2f}x, table {r.get('table_gib_per_worker', float('nan')):.2f} GiB/worker, "
+              f"({r.get('contexts_per_s', float('nan')):,.0f} contexts/s, step {r.get('step_time_s', float('nan')) * 1e3:.1f} ms "
+              f"over {r.get('steps_timed', 0)} steps, median window {r.get('median_window_step_time_s', float('nan')) * 1e3:.1f} ms, "
+              f"{r.get('stall_free_step_time_s', float('nan')) * 1e3:.1f} ms without {len(r.get('stall_windows', []))} stalled windows), "
+              f"scaling {r.get('scaling_vs_1_worker', float('nan')):.2f}x (tokens), {r.get('scaling_contexts_vs_1_worker', float('nan')):.2f}x (contexts), table {r.get('table_gib_per_worker', float('nan')):.2f} GiB/worker, "
               f"peak {r.get('peak_gpu_gib', float('nan')):.1f} GiB, checkpoints {list(r.get('checkpoints', {}))}, "
               f"MLflow {r.get('mlflow_run_id')}")
 

@@ -159,6 +159,17 @@ def test_step_profiler_writes_the_profiled_steps_summary(tmp_path):
     assert text.startswith("steps 2-3: wall ") and "aten::mm" in text
 
 
+def test_busy_time_is_the_union_of_overlapping_kernels_and_lists_the_gaps():
+    from eae_platform.pretrain.profiling import busy_time
+
+    # two streams: a overlaps b; c lies inside b; d starts after a 5-unit gap, e after 2 more
+    spans = [(10, 20, "d"), (0, 4, "a"), (2, 5, "b"), (3, 4, "c"), (22, 23, "e")]
+    busy, gaps = busy_time(spans)
+    assert busy == 5 + 10 + 1
+    assert gaps == [(5, "b", "d"), (2, "d", "e")]
+    assert busy_time([]) == (0.0, [])
+
+
 @pytest.mark.parametrize("text", ["3", "0-2", "5-4", "a-b", "2:3"])
 def test_bad_profile_steps_are_a_clear_error(text):
     from eae_platform.pretrain.config import load_pretrain_config
@@ -232,3 +243,22 @@ def test_dev_batches_are_read_once_when_bounded():
     assert list(dev) == ["b0", "b1", "b2"] and list(dev) == ["b0", "b1", "b2"] and len(reads) == 2
     streamed = data.DevBatches(read, keep=False)
     assert list(streamed) == list(streamed) == ["b0", "b1", "b2"] and len(reads) == 4
+
+
+def test_with_table_counts_yields_its_steps_then_closes_its_source():
+    """The loop's lookahead makes exactly one count exchange per step it will take (a worker
+    exchanging for a step the others never take would wait forever) and then ends the epochs'
+    pipelines."""
+    from eae_platform.pretrain.loop import with_table_counts
+
+    closed = []
+
+    def epochs():
+        try:
+            for step in range(10):
+                yield 0, step, f"batch {step}"
+        finally:
+            closed.append(True)
+
+    items = list(with_table_counts(epochs(), model=None, group=None, steps=3))
+    assert items == [(0, s, f"batch {s}", None) for s in range(3)] and closed == [True]

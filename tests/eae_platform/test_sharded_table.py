@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from eae_model.entity_table import entity_attention
-from eae_platform.sharded_table import ShardedEntityTable, bytes_per_step, shard_bounds
+from eae_platform.sharded_table import ShardedEntityTable, bytes_per_step, exchange_counts, shard_bounds
 
 N, D, W = 11, 16, 2  # N odd: shards of 6 and 5 rows
 TOL = 1e-5
@@ -182,6 +182,19 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             results["bad_target_raised_on_host"] = False
         except ValueError as err:
             results["bad_target_raised_on_host"] = "worker 1" in str(err)
+        # R0 ahead of the calls (the training loop's prefetch thread): exchange_counts over a
+        # gloo group of its own, then expect; the calls themselves gather nothing.
+        ahead = dist.new_group(backend="gloo")
+        counts = (4, 6, 3)
+        full, data = make_data(4, counts[:W])
+        sent["gather_groups"] = []
+        expected = exchange_counts([len(data[rank]["h"]), 2 + rank], ahead)
+        results["counts_exchanged"] = expected == [list(counts[:W]), [2, 3]] and sent["gather_groups"] == [ahead]
+        table = ShardedEntityTable(N, D)
+        table.expect(expected[:1])
+        sent["gather_groups"] = []
+        results["k3-counts-ahead"] = compare(table, full, data, rank, 3, True)
+        results["no_gather_in_call"] = sent["gather_groups"] == []
     finally:
         torch.save(results, f"{out_dir}/rank{rank}.pt")
         dist.destroy_process_group()
@@ -215,7 +228,7 @@ def two_workers(tmp_path_factory):
 # ----------------------------------------------------------------------------- the tests
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES] + ["k3-grad-sum", "k3-sizes-on-host"])
+@pytest.mark.parametrize("name", [c[0] for c in CASES] + ["k3-grad-sum", "k3-sizes-on-host", "k3-counts-ahead"])
 def test_two_workers_match_unsharded(two_workers, name):
     results, _ = two_workers
     for rank, res in enumerate(results):
@@ -247,6 +260,8 @@ def test_two_workers_bounds_state_dict_and_errors(two_workers):
     assert all(res["bad_target_raised"] for res in results)
     # under NCCL the counts go between the hosts over gloo: same results, same errors
     assert all(res["sizes_on_host"] and res["bad_target_raised_on_host"] for res in results)
+    # counts exchanged ahead: [call][worker], and the call itself gathers nothing
+    assert all(res["counts_exchanged"] and res["no_gather_in_call"] for res in results)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -273,6 +288,26 @@ def test_no_linked_mentions_gives_zero_loss_in_graph():
     assert out.loss.item() == 0.0 and out.loss.requires_grad
     out.loss.backward()
     assert h.grad.abs().max() == 0 and table.weight.grad.abs().max() == 0
+
+
+def test_expected_counts_are_checked_and_consumed():
+    """One worker, no process group: exchange_counts is local and `expect` replaces R0."""
+    assert exchange_counts([5, 2]) == [[5], [2]]
+    full, data = make_data(7, (5,))
+    table = ShardedEntityTable(N, D)
+    table.expect([[5]])
+    res = compare(table, full, data, 0, 3, True)  # one call, with the expected count
+    assert res["lse"] <= TOL and res["grad_E"] <= TOL
+    table.expect([[4], [2]])  # the first expectation was consumed: a new one is accepted
+    with pytest.raises(RuntimeError, match="were not made"):
+        table.expect([[4]])
+    with pytest.raises(ValueError, match="this call has 3 mentions, 4 were expected"):
+        table.attend(torch.zeros(3, D), None, torch.zeros(3, dtype=torch.long))
+    # a failed call drops the step's expectations; bad input is still a clear error
+    table.expect([[2]])
+    with pytest.raises(ValueError, match="targets"):
+        table.attend(torch.zeros(2, D), None, torch.tensor([0, N]))
+    table.expect([[1]])
 
 
 def test_state_dict_roundtrip_and_mismatch():
@@ -305,3 +340,35 @@ def test_bytes_per_step_formula():
     bf16 = bytes_per_step(M, d, None, W8, dtype_bytes=2)
     assert bf16["bytes_per_mention"] == 2 * d + 4 + 2 * (d + 4) * 4 + 4 * d
     assert bytes_per_step(M, d, None, 1)["total"] == 0
+
+
+@pytest.mark.parametrize("entity_pred", [True, False])
+def test_table_call_sizes_are_the_calls_a_training_forward_makes(entity_pred):
+    """EaEModel.table_call_sizes, which the training loop exchanges ahead of each step, lists
+    the forward's table calls exactly: expected counts for them are all consumed, and any
+    other list fails."""
+    from eae_model.config import load_config
+    from eae_model.mentions import Mentions
+    from eae_model.model import EaEModel, TargetIndices
+
+    config = load_config("tiny", overrides=[f"num_entities={N}", f"use_entity_pred={str(entity_pred).lower()}"])
+    table = ShardedEntityTable(N, config.entity_dim)
+    model = EaEModel(config, entity_table=table)
+    input_ids = torch.randint(5, config.vocab_size, (2, 12))
+    # 4 mentions, 2 of them linked
+    mentions = Mentions.from_lists([[(1, 2), (5, 5)], [(3, 4), (8, 9)]], [[3, -1], [-1, 7]])
+    labels = torch.full_like(input_ids, -100)
+    labels[0, 1] = input_ids[0, 1]
+    indices = TargetIndices.of(labels, mentions)
+    sizes = model.table_call_sizes(mentions, indices)
+    assert sizes == ([4, 2] if entity_pred else [4])
+    run = lambda: model(input_ids, mentions=mentions, mlm_labels=labels, indices=indices)  # noqa: E731
+    reference = run().loss
+    table.expect([[c] for c in sizes])
+    assert torch.equal(run().loss, reference)
+    table.expect([[c] for c in sizes])  # accepted: the previous step's were all consumed
+    run()
+    table.expect([[c] for c in sizes + [4]])
+    run()
+    with pytest.raises(RuntimeError, match="1 expected table call"):
+        table.expect([[4]])

@@ -2,10 +2,11 @@
 
 Every worker holds the replicated weights (transformer, heads, projections) and its own rows of
 the entity table. A step: forward on the worker's batch (the table's collectives exchange
-mention queries and partial results), backward, average the replicated gradients over workers
-(bucketed all-reduces that start during the backward, `grad_sync`; the table's row gradients
-are already complete on their owner), clip the global
-gradient norm (replicated part + every shard's part), Adam step, scheduler step.
+mention queries and partial results; their sizes, the mention counts, were exchanged between
+the hosts ahead of the step, `with_table_counts`), backward, average the replicated gradients
+over workers (bucketed all-reduces that start during the backward, `grad_sync`; the table's row
+gradients are already complete on their owner), clip the global gradient norm (replicated part
++ every shard's part), Adam step, scheduler step.
 """
 
 from __future__ import annotations
@@ -164,6 +165,27 @@ def memory_metrics(table: list[torch.nn.Parameter], optimizer: torch.optim.Optim
     return out
 
 
+def with_table_counts(items, model: EaEModel, group, steps: int):
+    """(epoch, step, batch) items -> (epoch, step, batch, counts), for at most `steps` items.
+    counts: the mention counts of the batch's entity-table calls on every worker (the sharded
+    table's R0, `exchange_counts` over `group`, a gloo group used by nothing else), for the
+    table's `expect`; None when group is None. Run ahead of the step in a thread of its own,
+    it spares the step the two waits for the other hosts that R0 took inside the forward.
+    Every worker makes exactly `steps` exchanges, one per step it takes."""
+    from eae_platform.sharded_table import exchange_counts
+
+    try:
+        for _, (epoch, step, batch) in zip(range(steps), items):
+            counts = None
+            if group is not None:
+                counts = exchange_counts(model.table_call_sizes(batch.mentions, batch.indices), group)
+            yield epoch, step, batch, counts
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()  # the epochs' prefetch threads and Ray Data pipelines
+
+
 def dev_batches(config: PretrainConfig, rank: int, world_size: int) -> data.DevBatches:
     """This rank's dev batches for `evaluate`, kept after the first evaluation unless
     train.eval_batches is 0 (the whole dev split, read at every evaluation)."""
@@ -257,12 +279,18 @@ def train_loop_per_worker(config_dict: dict) -> None:
         return data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker)
 
     stream = data.iter_epochs(open_epoch, steps_in, progress["epoch"], progress["step_in_epoch"])
+    ahead = world_size > 1 and model.entity_table is not None
+    # new_group is a collective: every worker creates it here, after build_model's groups
+    stream = with_table_counts(stream, model, dist.new_group(backend="gloo") if ahead else None,
+                               t.max_steps - progress["step"])
+    if ahead:
+        stream = data.prefetch(stream, t.prefetch_batches)
     dev = dev_batches(config, rank, world_size)
     with closing(stream):  # an early stop or an error ends the prefetch threads
         while progress["step"] < t.max_steps:
             profiler.before(progress["step"] + 1)
             waited = time.perf_counter()
-            epoch, step_in_epoch, host = next(stream)
+            epoch, step_in_epoch, host, counts = next(stream)
             # How long the step waited for its batch: > 0 only when reading and collating (in
             # the prefetch threads) fall behind the GPU.
             window["data_wait_s"] += time.perf_counter() - waited
@@ -270,6 +298,8 @@ def train_loop_per_worker(config_dict: dict) -> None:
             batch = host.to(device, non_blocking=device.type == "cuda")
             # Before the forward: here its host time runs while the GPU finishes the last step.
             optimizer.zero_grad(set_to_none=True)
+            if counts is not None:
+                model.entity_table.expect(counts)
             with autocast:
                 # checked on the host by data.collate, which also found the indices: no host sync
                 out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,

@@ -2,8 +2,9 @@
 where a step's time goes in the real job (data, collectives, host syncs and all).
 
 Writes `profile-rank<r>.txt` beside the run's example traces: the step's wall time, the GPU
-kernels' total time (on a GPU; the rest of the wall time is the GPU waiting for the host or
-for another worker) and the top operators by device and by host time."""
+kernels' summed time and their busy time (on a GPU: the union of kernel intervals over all
+streams; the rest of the wall time is the GPU waiting for the host or for another worker,
+with the longest of those gaps), and the top operators by device and by host time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,33 @@ import time
 from pathlib import Path
 
 import torch
+
+
+def gpu_busy(prof) -> tuple[float, list[tuple[float, str, str]]]:
+    """`busy_time` of a finished torch.profiler run's GPU kernels and copies (all streams)."""
+    return busy_time([(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                      if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start])
+
+
+def busy_time(spans: list[tuple[float, float, str]]) -> tuple[float, list[tuple[float, str, str]]]:
+    """spans: (start, end, name) intervals, e.g. kernels on several streams -> the length of
+    their union (summed kernel time counts overlapping streams twice) and the idle gaps between
+    them as (length, the interval reaching furthest before it, the one after it), longest first."""
+    spans = sorted(spans)
+    busy, gaps, reach, before = 0.0, [], None, ""
+    for begin, finish, name in spans:
+        if reach is None or begin > reach:
+            if reach is not None:
+                gaps.append((begin - reach, before, name))
+            busy += finish - begin
+            reach = finish
+        elif finish > reach:
+            busy += finish - reach
+            reach = finish
+        if finish >= reach:
+            before = name
+    gaps.sort(key=lambda g: -g[0])
+    return busy, gaps
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -62,6 +90,10 @@ class StepProfiler:
         lines = [f"steps {self.steps[0]}-{self.steps[1]}: wall {wall * 1e3 / n:.1f} ms/step, "
                  f"GPU kernels {kernels / n:.1f} ms/step ({100 * kernels / 1e3 / wall:.0f}% of wall)"]
         if self.device.type == "cuda":
+            busy, gaps = gpu_busy(self.profile)
+            lines[0] += f", GPU busy {busy / 1e3 / n:.1f} ms/step (idle {wall * 1e3 / n - busy / 1e3 / n:.1f})"
+            lines += ["", "longest idle gaps (ms, after -> before):"]
+            lines += [f"  {g / 1e3:7.3f}  {a[:60]} -> {b[:60]}" for g, a, b in gaps[:15]]
             lines += ["", "by device time:", events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70)]
         lines += ["", "by host time:", events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)]
         self.out.write_text("\n".join(lines) + "\n")

@@ -49,7 +49,8 @@ def steady(tokens_per_s: list[tuple[int, float]], step_time_s: list[tuple[int, f
     seconds = sum(r[1] for r in rows)
     median = statistics.median(r[3] for r in rows)
     # A stall: a window over twice the median step (one-time costs inside the run, e.g. 16 s in
-    # one window of a 300-step run: a late autotune or compilation). Listed with their cost, and
+    # one window of a 300-step run: the Triton kernels autotuning for a new mention-count
+    # bucket, benchmarks/autotune_buckets.py). Listed with their cost, and
     # left out of the stall-free step time that the contexts scaling compares.
     steady_rows = [r for r in rows if r[3] <= 2 * median]
     stalls = [(step, round(r[3], 4), round(r[1] - r[0] * median, 2)) for step, r in zip(ends, rows) if r[3] > 2 * median]

@@ -13,24 +13,30 @@ order `data.iter_epoch` reads them, and prints the steps that open a bucket.
 import argparse
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eae_model.triton_kernels import m_key
-from eae_platform.pretrain.data import files_for_rank, shard_files
+from eae_platform.pretrain.data import COLUMNS, collate, files_for_rank, shard_files
 
 
 def batch_counts(files, seed, rank, workers, batch, steps, num_entities):
-    """Per step of epoch 0 on `rank`: (mentions, linked mentions) of its batch."""
-    mentions, linked = [], []
+    """Per step of epoch 0 on `rank`: (mentions, linked mentions) of its batch, as the loop's
+    `collate` makes it (the memory's and EntityPred's table calls, `EaEModel.table_call_sizes`)."""
+    tables, rows = [], 0
     for f in files_for_rank(files, seed, 0, rank, workers):
-        for ids in pq.read_table(f, columns=["mention_entity_ids"]).column(0).to_pylist():
-            mentions.append(len(ids))
-            linked.append(sum(1 for e in ids if e is not None and 0 <= e < num_entities))
-        if len(mentions) >= steps * batch:
+        tables.append(pq.read_table(f, columns=COLUMNS))
+        rows += tables[-1].num_rows
+        if rows >= steps * batch:
             break
-    steps = min(steps, len(mentions) // batch)
-    per_step = lambda v: np.asarray(v[: steps * batch]).reshape(steps, batch).sum(1)  # noqa: E731
-    return per_step(mentions), per_step(linked)
+    table = pa.concat_tables(tables)
+    mentions, linked = [], []
+    for step in range(min(steps, table.num_rows // batch)):
+        part = table.slice(step * batch, batch)
+        b = collate({c: part.column(c).to_numpy() for c in COLUMNS}, seed, 0, 0.0, num_entities)
+        mentions.append(len(b.mentions))
+        linked.append(len(b.indices.linked))
+    return np.array(mentions), np.array(linked)
 
 
 def main() -> None:

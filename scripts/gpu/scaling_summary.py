@@ -32,7 +32,7 @@ def steady(tokens_per_s: list[tuple[int, float]], step_time_s: list[tuple[int, f
     total seconds, mean and median step time. Windows are keyed by their last step; a window's
     steps = its step minus the previous window's."""
     times = dict(step_time_s)
-    rows, ends, previous = [], [], 0
+    rows, previous = [], 0  # per timed window: (last step, steps, seconds, tokens, s/step)
     for step, tps in tokens_per_s:
         first, steps = previous + 1, step - previous
         previous = step
@@ -40,24 +40,23 @@ def steady(tokens_per_s: list[tuple[int, float]], step_time_s: list[tuple[int, f
             continue
         if profiled and first <= profiled[1] and step >= profiled[0]:  # the profiler slows its steps
             continue
-        seconds = times[step] * steps
-        rows.append((steps, seconds, tps * seconds, times[step]))
-        ends.append(step)
+        rows.append((step, steps, times[step] * steps, tps * times[step] * steps, times[step]))
     if not rows:
         return {}
-    steps = sum(r[0] for r in rows)
-    seconds = sum(r[1] for r in rows)
-    median = statistics.median(r[3] for r in rows)
+    steps = sum(r[1] for r in rows)
+    seconds = sum(r[2] for r in rows)
+    median = statistics.median(r[4] for r in rows)
     # A stall: a window over twice the median step (one-time costs inside the run, e.g. 16 s in
     # one window of a 300-step run: the Triton kernels autotuning for a new mention-count
-    # bucket, benchmarks/autotune_buckets.py). Listed with their cost, and
-    # left out of the stall-free step time that the contexts scaling compares.
-    steady_rows = [r for r in rows if r[3] <= 2 * median]
-    stalls = [(step, round(r[3], 4), round(r[1] - r[0] * median, 2)) for step, r in zip(ends, rows) if r[3] > 2 * median]
-    return {"tokens_per_s": sum(r[2] for r in rows) / seconds, "step_time_s": seconds / steps,
+    # bucket, benchmarks/autotune_buckets.py). Listed with their cost, and left out of the
+    # stall-free step time that the contexts scaling compares.
+    stalled = [r for r in rows if r[4] > 2 * median]
+    calm = [r for r in rows if r[4] <= 2 * median]
+    return {"tokens_per_s": sum(r[3] for r in rows) / seconds, "step_time_s": seconds / steps,
             "median_window_step_time_s": median,
-            "stall_free_step_time_s": sum(r[1] for r in steady_rows) / sum(r[0] for r in steady_rows),
-            "stall_windows": [{"step": st, "step_time_s": t, "extra_s": x} for st, t, x in stalls],
+            "stall_free_step_time_s": sum(r[2] for r in calm) / sum(r[1] for r in calm),
+            "stall_windows": [{"step": r[0], "step_time_s": round(r[4], 4), "extra_s": round(r[2] - r[1] * median, 2)}
+                              for r in stalled],
             "steps_timed": steps, "windows_timed": len(rows),
             "first_window_tokens_per_s": tokens_per_s[0][1] if tokens_per_s else None}
 

@@ -59,6 +59,11 @@ class EaEConfig:
     # running max and sum (PyTorch, any device); triton = fused GPU kernels (CUDA only).
     memory_impl: str = "dense"
     memory_chunk_rows: int = 65536
+    # triton with the sharded table: at the first step, the kernels are also autotuned for the
+    # power-of-two buckets of the mention counts within this fraction of that step's count.
+    # Counts move around their mean, and the first step past a power of two otherwise stalls
+    # for seconds while Triton times every config; this moves that tuning into the first step.
+    memory_pretune_margin: float = 0.25
 
     # Loss weights (paper: a plain sum).
     weight_mention: float = 1.0
@@ -87,6 +92,8 @@ class EaEConfig:
                 problems.append(f"{name} must be positive or null (all entities), got {k}")
         if self.memory_impl not in ("dense", "chunked", "triton"):
             problems.append(f"memory_impl must be dense, chunked or triton, got {self.memory_impl!r}")
+        if not 0.0 <= self.memory_pretune_margin < 1.0:
+            problems.append(f"memory_pretune_margin must be in [0, 1), got {self.memory_pretune_margin}")
         if self.memory_chunk_rows <= 0:
             problems.append(f"memory_chunk_rows must be positive, got {self.memory_chunk_rows}")
         if not 0.0 <= self.dropout < 1.0:

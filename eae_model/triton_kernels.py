@@ -262,6 +262,41 @@ def memory_backward(H, E, dO, lse, delta, need_dh: bool = True, into: torch.Tens
     return (dh.sum(0) if need_dh else None), de
 
 
+def pretune_buckets(M: int, margin: float) -> list[int]:
+    """The m_key buckets, sorted, of the counts in [floor(M (1 - margin)), ceil(M (1 + margin))]
+    (counts >= 1) other than M's own: where a mention count that moves around M by up to
+    `margin` of it lands, and what `pretune` can tune ahead of time."""
+    lo, hi = max(1, math.floor(M * (1 - margin))), math.ceil(M * (1 + margin))
+    if hi < lo:
+        return []
+    buckets, b = [], m_key(lo)
+    while b <= m_key(hi):
+        buckets.append(b)
+        b *= 2
+    return [b for b in buckets if b != m_key(M)]
+
+
+@torch.no_grad()
+def pretune(E: torch.Tensor, M: int, retrieve: bool) -> None:
+    """Run the memory kernels, forward and backward (with dH), on M random queries against
+    E [N, d], results discarded: Triton's autotuner then times its configs for m_key(M) and
+    this E's rows, dim and dtype now (the queries are in E's dtype, as a table call's are: the
+    tensors' dtypes are part of the autotuning key).
+
+    Why: a mention count that first crosses into a new power-of-two bucket otherwise re-times
+    every config at that step, a 3-15 s stall in the middle of a pretraining run
+    (docs/performance.md, benchmarks/autotune_buckets.py); called for the buckets next to the
+    first step's count (`pretune_buckets`), the tuning is part of start-up. The queries come from
+    a generator of their own, so the global random stream (dropout, masking) is not moved."""
+    g = torch.Generator(device=E.device).manual_seed(0)
+    d = E.shape[1]
+    H = torch.randn(M, d, generator=g, device=E.device, dtype=E.dtype)
+    _, lse = memory_forward(H, E, retrieve)
+    dO = torch.randn(M, d, generator=g, device=E.device, dtype=E.dtype) if retrieve else None
+    delta = torch.randn(M, generator=g, device=E.device, dtype=torch.float32)
+    memory_backward(H, E, dO, lse, delta, need_dh=True)
+
+
 # ----------------------------------------------------------------------------- exact top-k
 
 

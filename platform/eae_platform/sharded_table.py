@@ -264,6 +264,13 @@ def _candidate_winners(plan: _Plan, vals, width):
     return won.scatter_add_(1, torch.div(j, width, rounding_mode="floor"), torch.ones_like(j, dtype=torch.int32))
 
 
+def _fused_forward(plan: _Plan, M: int) -> bool:
+    """Whether the forward over M mentions (all workers') runs the fused kernels: with
+    memory_impl=triton, for the full softmax (retrieval with k = all, or lse only); top-k
+    retrieval takes the chunked pass for its candidates."""
+    return plan.fused is not None and M > 0 and (plan.k is None or not plan.retrieve)
+
+
 class _Attend(torch.autograd.Function):
     """One sharded memory access: (h [M_r, d], E_r, targets) -> (E_m [M_r, d], lse [M_r],
     gold [M_r]) for this worker's mentions. Forward and backward each run a fixed sequence
@@ -285,7 +292,7 @@ class _Attend(torch.autograd.Function):
         M = H.shape[0]
 
         dense_v = plan.retrieve and plan.k is None
-        if plan.fused is not None and M and (dense_v or not plan.retrieve):
+        if _fused_forward(plan, M):
             # The fused kernels give this shard's normalised R and lse: as partials, m = lse, z = 1.
             R_loc, m = block_forward(H.to(plan.fused), cast_rows(weight, plan.fused), dense_v, "triton")
             z, v = torch.ones_like(m), R_loc
@@ -440,7 +447,10 @@ class ShardedEntityTable(nn.Module):
 
     `weight` is this worker's rows [lo, hi). Initialisation is N(0, init_std^2) drawn in fixed
     blocks of rows from `seed`, so the table is the same whatever the number of workers.
-    `chunk_rows` bounds the [M, chunk_rows] score blocks held at once.
+    `chunk_rows` bounds the [M, chunk_rows] score blocks held at once. `pretune_margin`
+    (memory_impl=triton): at the first fused call of each kernel variant, the kernels are
+    autotuned for the mention-count buckets within that fraction of the call's count too
+    (`_pretune`), so that a later step's count does not stall the run to tune them.
     """
 
     INIT_BLOCK = 4096
@@ -458,6 +468,7 @@ class ShardedEntityTable(nn.Module):
         memory_impl: str = "chunked",
         device=None,
         dtype: torch.dtype | None = None,
+        pretune_margin: float = 0.0,
     ):
         super().__init__()
         if num_entities < 1 or dim < 1 or chunk_rows < 1:
@@ -472,6 +483,11 @@ class ShardedEntityTable(nn.Module):
             raise ValueError(f"memory_impl must be dense, chunked or triton, got {memory_impl!r}")
         # dense and chunked both run the PyTorch chunked pass (E is never in one piece here).
         self.memory_impl = memory_impl
+        if not 0.0 <= pretune_margin < 1.0:
+            raise ValueError(f"pretune_margin must be in [0, 1), got {pretune_margin}")
+        self.pretune_margin = pretune_margin
+        self.pretuned: set[tuple[bool, int]] = set()  # (RETRIEVE, bucket) tuned ahead by `_pretune`
+        self._pretune_seen: set[bool] = set()  # the RETRIEVE variants past their first fused call
         self.grad_average = grad_average
         rows = torch.empty(self.hi - self.lo, dim, dtype=dtype or torch.float32)
         for block in range(self.lo // self.INIT_BLOCK, -(-self.hi // self.INIT_BLOCK)):
@@ -557,6 +573,7 @@ class ShardedEntityTable(nn.Module):
             grad_scale=1.0 / self.world_size if self.grad_average else 1.0,
             fused=compute_dtype(h, self.weight) if self.memory_impl == "triton" and fused_memory.triton_runs_on(h) else None,
         )
+        self._pretune(plan, sum(counts))
         retrieved, lse, gold = _Attend.apply(h, self.weight, targets, plan)
         loss = None
         if targets is not None:
@@ -571,6 +588,23 @@ class ShardedEntityTable(nn.Module):
         )
 
     forward = attend
+
+    def _pretune(self, plan: _Plan, M: int) -> None:
+        """At the first call of each kernel variant (RETRIEVE: the memory's retrieval; not:
+        EntityPred's lse only) that runs the fused kernels, tune them for the m_key buckets of
+        the counts within pretune_margin of M, the mentions of all workers that this shard's
+        kernels see. A step's count moves around its mean, and the first one past a power of two
+        would otherwise stall that step for seconds while Triton times every config. Local to
+        this worker (no collective), so the same with counts from `expect`."""
+        if plan.retrieve in self._pretune_seen or not _fused_forward(plan, M):
+            return
+        self._pretune_seen.add(plan.retrieve)
+        from eae_model import triton_kernels
+
+        E = cast_rows(self.weight, plan.fused)  # the parameter's cached cast, which the call then reuses
+        for bucket in triton_kernels.pretune_buckets(M, self.pretune_margin):
+            triton_kernels.pretune(E, bucket, plan.retrieve)
+            self.pretuned.add((plan.retrieve, bucket))
 
     @torch.no_grad()
     def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

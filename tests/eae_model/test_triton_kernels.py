@@ -245,3 +245,70 @@ def test_autotuning_key_buckets_mention_counts():
     cpu = torch.device("cpu")
     assert {triton_kernels._splits(m, 1_000_000, cpu) for m in (1025, 1126, 1800, 2048)} == {
         triton_kernels._splits(2048, 1_000_000, cpu)}
+
+
+@pytest.mark.parametrize(("M", "margin", "buckets"), [
+    (1900, 0.25, [4096]),  # [1425, 2375]: 2048 (its own) and 4096
+    (2100, 0.25, [2048]),  # [1575, 2625]: 2048 and 4096 (its own)
+    (3000, 0.5, [2048, 8192]),  # [1500, 4500]: 2048, 4096 (its own), 8192
+    (30, 0.25, [64]),  # [22, 38]
+    (20, 0.5, [16]),  # [10, 30]: 16 (the smallest bucket) and 32 (its own)
+    (1000, 0.01, []),  # [990, 1010]: 1024 only
+    (1, 0.9, []),  # [1, 2]: 16 only
+    (1900, 0.0, []),
+    (0, 0.25, []),
+])
+def test_pretune_buckets_are_the_neighbours_a_count_may_reach(M, margin, buckets):
+    assert triton_kernels.pretune_buckets(M, margin) == buckets
+
+
+@pytest.mark.parametrize("retrieve", [True, False])
+def test_pretune_runs_the_kernels_and_changes_nothing(monkeypatch, retrieve):
+    """One forward and one backward launch on random queries; E and the global random stream
+    are left as they were."""
+    E = torch.randn(77, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    before, rng = E.clone(), torch.get_rng_state()
+    calls = _Calls(monkeypatch)
+    triton_kernels.pretune(E, 40, retrieve)
+    assert calls.n == {"forward": 1, "backward": 1}
+    assert torch.equal(E, before) and torch.equal(torch.get_rng_state(), rng)
+
+
+def _table_call(table, full, h, targets, k=None, retrieve=True):
+    """One attend and backward on a fresh copy of h: the outputs and gradients, detached."""
+    table.load_full(full)
+    table.weight.grad = None
+    h = h.clone().requires_grad_()
+    out = table.attend(h, k, targets, retrieve=retrieve)
+    (out.loss + out.lse.sum() + (out.retrieved.square().sum() if retrieve else 0)).backward()
+    return {"retrieved": out.retrieved, "lse": out.lse, "loss": out.loss, "grad_h": h.grad,
+            "grad_E": table.weight.grad}
+
+
+def test_sharded_table_pretunes_neighbouring_buckets_at_first_call(monkeypatch):
+    """30 mentions (bucket 32) with margin 0.25 (counts 22-38): bucket 64 is tuned at the first
+    fused call of each variant, once; results are those of a table that tunes nothing ahead."""
+    N, d, M = 300, 16, 30
+    g = torch.Generator().manual_seed(6)
+    full, h = torch.randn(N, d, generator=g), torch.randn(M, d, generator=g) * 0.6
+    targets = _targets(M, N, g)
+    full, h, targets = full.to(DEVICE), h.to(DEVICE), targets.to(DEVICE)
+    plain = ShardedEntityTable(N, d, memory_impl="triton", device=DEVICE)
+    table = ShardedEntityTable(N, d, memory_impl="triton", pretune_margin=0.25, device=DEVICE)
+    calls = _Calls(monkeypatch)
+    got = _table_call(table, full, h, targets)
+    assert table.pretuned == {(True, 64)} and calls.n == {"forward": 2, "backward": 2}
+    want = _table_call(plain, full, h, targets)
+    assert plain.pretuned == set()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    _table_call(table, full, h, targets)  # a second call tunes nothing ahead
+    assert table.pretuned == {(True, 64)}
+    _table_call(table, full, h, targets, retrieve=False)  # EntityPred's variant: its first call
+    assert table.pretuned == {(True, 64), (False, 64)}
+    topk = ShardedEntityTable(N, d, memory_impl="triton", pretune_margin=0.25, device=DEVICE)
+    _table_call(topk, full, h, targets, k=3)  # top-k retrieval: its forward runs no kernels
+    assert topk.pretuned == set()
+    for margin in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="pretune_margin must be in"):
+            ShardedEntityTable(N, d, memory_impl="triton", pretune_margin=margin)

@@ -73,7 +73,8 @@ def build_model(config: PretrainConfig) -> EaEModel:
     if c.has_entity_table:
         table = ShardedEntityTable(c.num_entities, c.entity_dim, init_std=c.entity_init_std,
                                    trainable=c.entity_trainable, seed=config.train.seed,
-                                   chunk_rows=c.memory_chunk_rows, memory_impl=c.memory_impl)
+                                   chunk_rows=c.memory_chunk_rows, memory_impl=c.memory_impl,
+                                   pretune_margin=c.memory_pretune_margin)
     return EaEModel(c, entity_table=table)
 
 

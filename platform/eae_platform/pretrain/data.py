@@ -136,21 +136,32 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
     return batch
 
 
+def read_rows(files: list[str], rows: int):
+    """A Ray Data dataset of the first `rows` rows of `files` (COLUMNS), in file order.
+
+    limit(): read no more than needed (stopping the iterator early instead would interrupt
+    Ray Data's read tasks mid-flight). Parquet datasource V1: Ray 2.60's default V2 lists
+    files with a pool of 32 footer-reading actors per pipeline (RAY_DATA_PARQUET_FOOTER_NUM_ACTORS),
+    32 new processes at each epoch of each worker; on the 2-core CI machine a pipeline then
+    took ~14 s to give its first batch against ~2.4 s with V1, and on the GPU machines the
+    next epoch's start stalled the running steps (docs/performance.md)."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False  # one bar per worker per epoch would drown the step log
+    ctx.use_datasource_v2 = False
+    return ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(rows)
+
+
 def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None):
     """The rank's batches of one epoch (Ray Data streaming, order preserved), after skipping
     the first `skip_steps` (resumption); stops at steps_per_epoch."""
-    import ray.data
-
     steps = steps_per_epoch(files, seed, epoch, world_size, batch_size)
     mine = files_for_rank(files, seed, epoch, rank, world_size)
     if steps <= skip_steps or not mine:  # nothing left (a checkpoint at the epoch's last step)
         return
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False  # one bar per worker per epoch would drown the step log
-    # limit(): read no more than the epoch's steps (stopping the iterator early instead would
-    # interrupt Ray Data's read tasks mid-flight).
-    dataset = ray.data.read_parquet(mine, columns=COLUMNS, shuffle=None).limit(steps * batch_size)
+    dataset = read_rows(mine, steps * batch_size)
     for step, rows in enumerate(dataset.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True)):
         if step < skip_steps:
             continue
@@ -275,18 +286,13 @@ def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities
     world_size-th row of each global batch, so all ranks run the same number of steps (the
     sharded table's collectives need every rank in every call). Masks are drawn as in
     training, with the epoch number EVAL_EPOCH: the same masks at every evaluation."""
-    import ray.data
-
     rows = sum(pq.read_metadata(f).num_rows for f in files)
     steps = rows // (batch_size * world_size)
     if max_batches:
         steps = min(steps, max_batches)
     if steps == 0:
         return
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False
-    dataset = ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(steps * batch_size * world_size)
+    dataset = read_rows(files, steps * batch_size * world_size)
     for rows in dataset.iter_batches(batch_size=batch_size * world_size, batch_format="numpy", drop_last=True):
         yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities, pad_to)
 

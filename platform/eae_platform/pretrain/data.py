@@ -136,6 +136,11 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
     return batch
 
 
+# Ray Data's Parquet datasource for `read_rows`: V1 (see there); True only to measure V2
+# (benchmarks/bench_pipeline_start.py --datasources v2,v1).
+USE_DATASOURCE_V2 = False
+
+
 def read_rows(files: list[str], rows: int):
     """A Ray Data dataset of the first `rows` rows of `files` (COLUMNS), in file order.
 
@@ -150,7 +155,7 @@ def read_rows(files: list[str], rows: int):
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False  # one bar per worker per epoch would drown the step log
-    ctx.use_datasource_v2 = False
+    ctx.use_datasource_v2 = USE_DATASOURCE_V2
     return ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(rows)
 
 

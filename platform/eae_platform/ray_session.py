@@ -19,6 +19,11 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names.
+        # With the dashboard (Ray's default where its packages are installed, as with ray[serve]),
+        # whose State API Ray Train's placement-group cleaner polls: without it a pretraining run
+        # logged "Failed to query Ray Train Controller actor state" every few seconds (~300
+        # lines in a 5-minute GPU run) and the cleaner could never clean up. On 127.0.0.1:8265,
+        # or a free port if that one is taken.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=None)
     return ray

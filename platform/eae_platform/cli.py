@@ -77,7 +77,7 @@ def _data_synth(args: argparse.Namespace) -> int:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from eae_platform.pretrain.config import load_pretrain_config
-    from eae_platform.pretrain.job import run
+    from eae_platform.pretrain.job import check_data, run
     from eae_platform.ray_session import connect
 
     overrides = list(args.set)
@@ -87,6 +87,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"train.{key}={value}")
     config = load_pretrain_config(args.config, overrides, preset=args.preset)
+    check_data(config)  # before starting Ray: bad data is a clear error in a second
     connect(args.address)
     summary = run(config)
     metrics = summary["metrics"] or {}

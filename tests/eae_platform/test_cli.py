@@ -35,3 +35,24 @@ def test_bad_input_is_a_clear_error_not_a_traceback():
     assert "unknown preset 'huge'" in result.stderr and "Traceback" not in result.stderr
     result = run("model", "summary", "--set", "k_train=-3")
     assert result.returncode == 2 and "k_train must be positive" in result.stderr
+
+
+def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
+    """Bad data is found on the driver in a second, not as a worker's traceback: no data
+    directory, no training shards, contexts longer than the model's positions."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    result = run("pretrain", "--preset", "tiny", "--data", str(tmp_path / "missing"))
+    assert result.returncode == 2 and "no manifest.json" in result.stderr and "Traceback" not in result.stderr
+    data = tmp_path / "data"
+    (data / "shards" / "train").mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 128}, "counts": {"entities": 10}}))
+    result = run("pretrain", "--preset", "tiny", "--data", str(data))
+    assert result.returncode == 2 and "no training shards" in result.stderr, result.stderr
+    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}),
+                   data / "shards" / "train" / "part-00000-0000.parquet")
+    result = run("pretrain", "--preset", "tiny", "--data", str(data))  # tiny: max_length 64
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "contexts of up to 128 wordpieces" in result.stderr and "model.max_length=64" in result.stderr
+    assert "Started a local Ray instance" not in result.stderr + result.stdout

@@ -11,15 +11,39 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eae_platform.pretrain import data
 from eae_platform.pretrain.config import PretrainConfig
 from eae_platform.pretrain.loop import train_loop_per_worker
 from eae_platform.tracking import Tracker, tracking_uri
+
+
+def check_data(config: PretrainConfig) -> None:
+    """The data directory checked on the driver, before any worker starts: a clear error here
+    instead of a worker's traceback through Ray Train minutes later (a context longer than the
+    model's positions fails only at the first batch that holds one)."""
+    t, m = config.train, config.model
+    manifest = Path(t.data) / "manifest.json"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"{t.data}: no manifest.json; build the data with `eae data build` (or `eae data synth`)")
+    if not data.shard_files(t.data, "train"):
+        raise ValueError(f"{t.data}: no training shards under shards/train; build the data with `eae data build`")
+    built = json.loads(manifest.read_text())
+    longest = built.get("settings", {}).get("max_length")
+    if longest is not None and longest > m.max_length:
+        raise ValueError(f"{t.data} was built with contexts of up to {longest} wordpieces (--max-length {longest}), "
+                         f"more than model.max_length={m.max_length}: set model.max_length={longest} or rebuild "
+                         f"the data with --max-length {m.max_length}")
+    entities = built.get("counts", {}).get("entities")
+    if entities is not None and entities > m.num_entities:
+        print(f"note: {t.data} has {entities:,} entities, the model's table {m.num_entities:,}: mentions of entity "
+              f"ids >= {m.num_entities:,} are trained as unlinked", flush=True)
 
 
 def run(config: PretrainConfig) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    check_data(config)
     t = config.train
     # Paths every worker reads or writes: absolute, so they survive a job's working dir.
     t.data = str(Path(t.data).resolve())

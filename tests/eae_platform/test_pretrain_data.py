@@ -284,3 +284,15 @@ def test_read_rows_reads_the_first_rows_in_file_order_without_footer_actors(ray_
     assert sorted(batches[0]) == sorted(data.COLUMNS)
     stats = dataset.stats()
     assert "ReadParquet" in stats and "ListFiles" not in stats, stats
+
+
+def test_collective_timeline_lists_the_nccl_kernels_in_order_with_their_durations():
+    from eae_platform.pretrain.profiling import collective_timeline
+
+    # µs, as torch.profiler's time ranges: two exchanges on the NCCL stream, compute around them
+    spans = [(1000, 1500, "gemm"), (1600, 2100, "ncclDevKernel_SendRecv(args)"), (1500, 1550, "ampere_sgemm"),
+             (1200, 1300, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(args)")]
+    assert collective_timeline(spans) == ["      0.200   0.100  ncclDevKernel_AllReduce_Sum_f32_RING_LL(args)",
+                                          "      0.600   0.500  ncclDevKernel_SendRecv(args)"]
+    assert collective_timeline([(0, 5, "gemm")]) == [] and collective_timeline([]) == []
+    assert len(collective_timeline([(i, i + 1, "ncclDevKernel_SendRecv") for i in range(300)], limit=200)) == 200

@@ -4,7 +4,8 @@ where a step's time goes in the real job (data, collectives, host syncs and all)
 Writes `profile-rank<r>.txt` beside the run's example traces: the step's wall time, the GPU
 kernels' summed time and their busy time (on a GPU: the union of kernel intervals over all
 streams; the rest of the wall time is the GPU waiting for the host or for another worker,
-with the longest of those gaps), and the top operators by device and by host time."""
+with the longest of those gaps), every NCCL kernel in order with its duration (with several
+workers), and the top operators by device and by host time."""
 
 from __future__ import annotations
 
@@ -14,10 +15,28 @@ from pathlib import Path
 import torch
 
 
+def gpu_spans(prof) -> list[tuple[float, float, str]]:
+    """(start, end, name) of a finished torch.profiler run's GPU kernels and copies (all streams)."""
+    return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+            if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start]
+
+
 def gpu_busy(prof) -> tuple[float, list[tuple[float, str, str]]]:
     """`busy_time` of a finished torch.profiler run's GPU kernels and copies (all streams)."""
-    return busy_time([(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                      if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start])
+    return busy_time(gpu_spans(prof))
+
+
+def collective_timeline(spans: list[tuple[float, float, str]], limit: int = 200) -> list[str]:
+    """The NCCL kernels among spans, in the order they started: start (ms after the first
+    span), duration (ms) and name. A collective's kernel runs from when its stream reaches it
+    until every worker has joined and the data has moved, so on a fast link a long one is
+    mostly this worker waiting for another: which of a step's exchanges wait, and how long,
+    says where the workers drift apart."""
+    if not spans:
+        return []
+    t0 = min(start for start, _, _ in spans)
+    nccl = sorted(span for span in spans if span[2].startswith("ncclDevKernel") or span[2].startswith("ncclKernel"))
+    return [f"  {(start - t0) / 1e3:9.3f} {(end - start) / 1e3:7.3f}  {name[:70]}" for start, end, name in nccl[:limit]]
 
 
 def busy_time(spans: list[tuple[float, float, str]]) -> tuple[float, list[tuple[float, str, str]]]:
@@ -90,10 +109,14 @@ class StepProfiler:
         lines = [f"steps {self.steps[0]}-{self.steps[1]}: wall {wall * 1e3 / n:.1f} ms/step, "
                  f"GPU kernels {kernels / n:.1f} ms/step ({100 * kernels / 1e3 / wall:.0f}% of wall)"]
         if self.device.type == "cuda":
-            busy, gaps = gpu_busy(self.profile)
+            spans = gpu_spans(self.profile)
+            busy, gaps = busy_time(spans)
             lines[0] += f", GPU busy {busy / 1e3 / n:.1f} ms/step (idle {wall * 1e3 / n - busy / 1e3 / n:.1f})"
             lines += ["", "longest idle gaps (ms, after -> before):"]
             lines += [f"  {g / 1e3:7.3f}  {a[:60]} -> {b[:60]}" for g, a, b in gaps[:15]]
+            timeline = collective_timeline(spans)
+            if timeline:
+                lines += ["", "collectives in order (start ms, duration ms, kernel):", *timeline]
             lines += ["", "by device time:", events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70)]
         lines += ["", "by host time:", events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)]
         self.out.write_text("\n".join(lines) + "\n")

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from eae_model.checkpoint import load_model
 from eae_platform.preprocess.build import build, embedded_settings
+from eae_platform.pretrain import job
 from eae_platform.pretrain.config import load_pretrain_config
 from eae_platform.pretrain.job import run
 from eae_platform.tracking import download_model_dir
@@ -207,3 +208,11 @@ def test_sharded_table_equals_unsharded_in_ray_train_workers(ray_cluster, tmp_pa
             # a worker's own mentions get the gradient of its own loss (DDP scales upstream)
             torch.testing.assert_close(got["h_grad"], 2 * hs[rank].grad, atol=1e-5, rtol=0)
             torch.testing.assert_close(got["E_grad"], table.weight.grad[lo:hi], atol=1e-5, rtol=0)
+
+
+def test_a_table_smaller_than_the_vocabulary_is_noted(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"counts": {"entities": 3000}}))
+    config = load_pretrain_config(None, [f"train.data={tmp_path}", "model.num_entities=2000"], preset="tiny")
+    assert "has 3,000 entities, the model's table 2,000" in job.vocabulary_note(config)
+    config = load_pretrain_config(None, [f"train.data={tmp_path}", "model.num_entities=3000"], preset="tiny")
+    assert job.vocabulary_note(config) is None

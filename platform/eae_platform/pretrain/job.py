@@ -27,16 +27,22 @@ def check_data(config: PretrainConfig) -> None:
         raise FileNotFoundError(f"{t.data}: no manifest.json; build the data with `eae data build` (or `eae data synth`)")
     if not data.shard_files(t.data, "train"):
         raise ValueError(f"{t.data}: no training shards under shards/train; build the data with `eae data build`")
-    built = json.loads(manifest.read_text())
-    longest = built.get("settings", {}).get("max_length")
+    longest = json.loads(manifest.read_text()).get("settings", {}).get("max_length")
     if longest is not None and longest > m.max_length:
         raise ValueError(f"{t.data} was built with contexts of up to {longest} wordpieces (--max-length {longest}), "
                          f"more than model.max_length={m.max_length}: set model.max_length={longest} or rebuild "
                          f"the data with --max-length {m.max_length}")
-    entities = built.get("counts", {}).get("entities")
-    if entities is not None and entities > m.num_entities:
-        print(f"note: {t.data} has {entities:,} entities, the model's table {m.num_entities:,}: mentions of entity "
-              f"ids >= {m.num_entities:,} are trained as unlinked", flush=True)
+
+
+def vocabulary_note(config: PretrainConfig) -> str | None:
+    """What a table smaller than the data's entity vocabulary does to the data (`data.collate`
+    makes those mentions unlinked), or None when the table holds every entity."""
+    entities = json.loads((Path(config.train.data) / "manifest.json").read_text()).get("counts", {}).get("entities")
+    n = config.model.num_entities
+    if entities is None or entities <= n:
+        return None
+    return (f"note: {config.train.data} has {entities:,} entities, the model's table {n:,}: mentions of entity ids "
+            f">= {n:,} are trained as unlinked")
 
 
 def run(config: PretrainConfig) -> dict:
@@ -44,6 +50,9 @@ def run(config: PretrainConfig) -> dict:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     check_data(config)
+    note = vocabulary_note(config)
+    if note:
+        print(note, flush=True)
     t = config.train
     # Paths every worker reads or writes: absolute, so they survive a job's working dir.
     t.data = str(Path(t.data).resolve())

@@ -10,7 +10,8 @@ PROBE = """
 import ray.util.state
 from eae_platform.ray_session import connect
 ray = connect(num_cpus=1)
-print("nodes", len(ray.util.state.list_nodes()))
+# this cluster's address: another one may be running (this session's, tests/conftest.py)
+print("nodes", len(ray.util.state.list_nodes(address=ray.get_runtime_context().gcs_address)))
 """
 
 

@@ -11,33 +11,37 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain import data
 from eae_platform.pretrain.config import PretrainConfig
 from eae_platform.pretrain.loop import train_loop_per_worker
 from eae_platform.tracking import Tracker, tracking_uri
 
 
-def check_data(config: PretrainConfig) -> None:
+def check_data(config: PretrainConfig) -> dict:
     """The data directory checked on the driver, before any worker starts: a clear error here
     instead of a worker's traceback through Ray Train minutes later (a context longer than the
-    model's positions fails only at the first batch that holds one)."""
+    model's positions fails only at the first batch that holds one). Returns its manifest."""
     t, m = config.train, config.model
-    manifest = Path(t.data) / "manifest.json"
-    if not manifest.is_file():
+    if not (Path(t.data) / "manifest.json").is_file():
         raise FileNotFoundError(f"{t.data}: no manifest.json; build the data with `eae data build` (or `eae data synth`)")
     if not data.shard_files(t.data, "train"):
         raise ValueError(f"{t.data}: no training shards under shards/train; build the data with `eae data build`")
-    longest = json.loads(manifest.read_text()).get("settings", {}).get("max_length")
+    manifest = read_manifest(t.data)
+    longest = manifest.get("settings", {}).get("max_length")
     if longest is not None and longest > m.max_length:
         raise ValueError(f"{t.data} was built with contexts of up to {longest} wordpieces (--max-length {longest}), "
                          f"more than model.max_length={m.max_length}: set model.max_length={longest} or rebuild "
                          f"the data with --max-length {m.max_length}")
+    return manifest
 
 
-def vocabulary_note(config: PretrainConfig) -> str | None:
+def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str | None:
     """What a table smaller than the data's entity vocabulary does to the data (`data.collate`
-    makes those mentions unlinked), or None when the table holds every entity."""
-    entities = json.loads((Path(config.train.data) / "manifest.json").read_text()).get("counts", {}).get("entities")
+    makes those mentions unlinked), or None when the table holds every entity. manifest: the
+    data's, if already read."""
+    manifest = manifest if manifest is not None else read_manifest(config.train.data)
+    entities = manifest.get("counts", {}).get("entities")
     n = config.model.num_entities
     if entities is None or entities <= n:
         return None
@@ -49,8 +53,7 @@ def run(config: PretrainConfig) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    check_data(config)
-    note = vocabulary_note(config)
+    note = vocabulary_note(config, check_data(config))
     if note:
         print(note, flush=True)
     t = config.train

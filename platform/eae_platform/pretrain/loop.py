@@ -258,9 +258,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
             tracker.log_config(config.to_dict())
         progress["mlflow_run_id"] = tracker.run_id
 
-    files = data.shard_files(t.data, "train")
-    if not files:
-        raise ValueError(f"no training shards under {t.data}/shards/train: build data with `eae data build`")
+    files = data.shard_files(t.data, "train")  # at least one: job.check_data ran on the driver
     trace = Path(t.storage_path) / t.name / f"examples-rank{rank}.jsonl"  # consumed example ids (tests, audits)
     trace.parent.mkdir(parents=True, exist_ok=True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)

@@ -35,7 +35,7 @@ def collective_timeline(spans: list[tuple[float, float, str]], limit: int = 200)
     if not spans:
         return []
     t0 = min(start for start, _, _ in spans)
-    nccl = sorted(span for span in spans if span[2].startswith("ncclDevKernel") or span[2].startswith("ncclKernel"))
+    nccl = sorted(span for span in spans if span[2].startswith(("ncclDevKernel", "ncclKernel")))
     return [f"  {(start - t0) / 1e3:9.3f} {(end - start) / 1e3:7.3f}  {name[:70]}" for start, end, name in nccl[:limit]]
 
 

@@ -87,8 +87,10 @@ def summarize_run(client, experiment_id: str | None, record: dict, storage: Path
     out["mlflow_checkpoint_artifacts"] = [a.path for a in client.list_artifacts(rid, "checkpoints")]
     tps, st = _history(client, rid, "tokens_per_s"), _history(client, rid, "step_time_s")
     wait = dict(_history(client, rid, "data_wait_s"))  # the slowest worker's wait for its batch, s/step
+    gc_s = dict(_history(client, rid, "gc_s"))  # the slowest worker's garbage collections, s/step
     out["windows"] = [{"step": s, "tokens_per_s": round(v), "step_time_s": round(dict(st).get(s, float("nan")), 4),
-                       "data_wait_s": round(wait.get(s, float("nan")), 4)} for s, v in tps]
+                       "data_wait_s": round(wait.get(s, float("nan")), 4), "gc_s": round(gc_s.get(s, float("nan")), 4)}
+                      for s, v in tps]
     out.update(steady(tps, st, warmup_steps, profiled))
     if out.get("step_time_s"):
         out["contexts_per_s"] = batch * record["workers"] / out["step_time_s"]

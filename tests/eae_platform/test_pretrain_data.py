@@ -110,6 +110,73 @@ def test_collate_pads_to_a_fixed_length_with_the_same_content():
         data.collate(_rows(), seed=0, epoch=0, mask_rate=0.5, num_entities=None, pad_to=4)
 
 
+def _random_rows(n: int, seed: int = 0):
+    """n contexts of 3-40 tokens with up to 6 non-overlapping mentions each (some contexts
+    without any), as Ray Data's numpy batches hold them: object arrays of int32 arrays."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tokens, starts, ends, entities = [], [], [], []
+    for _ in range(n):
+        length = int(rng.integers(3, 40))
+        tokens.append(rng.integers(1000, 2000, length).astype(np.int32))
+        cuts = np.sort(rng.choice(np.arange(1, length - 1), size=min(int(rng.integers(0, 7)) * 2, (length - 2) // 2 * 2),
+                                  replace=False))
+        starts.append(cuts[0::2].astype(np.int32))
+        ends.append(cuts[1::2].astype(np.int32))
+        entities.append(rng.integers(-1, 50, len(cuts) // 2).astype(np.int32))
+    obj = lambda xs: np.array(xs + [None], dtype=object)[:-1]  # noqa: E731
+    return {"context_id": rng.permutation(10 * n)[:n], "token_ids": obj(tokens), "mention_starts": obj(starts),
+            "mention_ends": obj(ends), "mention_entity_ids": obj(entities)}
+
+
+def test_collate_equals_a_row_by_row_reference():
+    """The vectorised collate against the obvious loop over rows, with the same draws."""
+    import numpy as np
+    import torch
+
+    rows = _random_rows(64)
+    batch = data.collate(rows, seed=3, epoch=1, mask_rate=0.3, num_entities=40, pad_to=48)
+    input_ids = np.zeros((64, 48), np.int64)
+    labels = np.full((64, 48), -100, np.int64)
+    b_ids, entity_ids = [], []
+    for b, ids in enumerate(rows["token_ids"]):
+        input_ids[b, : len(ids)] = ids
+        s, t, e = rows["mention_starts"][b], rows["mention_ends"][b], rows["mention_entity_ids"][b]
+        draws = data.mask_draws(3, 1, np.full(len(s), rows["context_id"][b]), np.arange(len(s)))
+        for start, end in zip(s[draws < 0.3], t[draws < 0.3]):
+            labels[b, start : end + 1] = input_ids[b, start : end + 1]
+            input_ids[b, start : end + 1] = 103  # [MASK]
+        b_ids += [b] * len(s)
+        entity_ids += [x if x < 40 else -1 for x in e]
+    assert torch.equal(batch.input_ids, torch.from_numpy(input_ids))
+    assert torch.equal(batch.mlm_labels, torch.from_numpy(labels))
+    assert batch.attention_mask.sum(1).tolist() == [len(t) for t in rows["token_ids"]]
+    assert batch.mentions.batch_ids.tolist() == b_ids and batch.mentions.entity_ids.tolist() == entity_ids
+    assert batch.mentions.starts.tolist() == np.concatenate(list(rows["mention_starts"])).tolist()
+    assert 0.2 < (labels != -100).any(1).mean() and (input_ids == 103).sum() == (labels != -100).sum()
+
+
+def test_masks_follow_the_context_and_epoch_not_the_batch():
+    """A context gets the same masks whichever contexts share its batch (exact resumption
+    and any number of workers), new ones each epoch, and about mask_rate of its mentions."""
+    import numpy as np
+
+    rows = _random_rows(400, seed=1)
+    whole = data.collate(rows, seed=0, epoch=0, mask_rate=0.2, num_entities=None)
+    tail = data.collate({k: v[300:] for k, v in rows.items()}, seed=0, epoch=0, mask_rate=0.2, num_entities=None)
+    length = tail.mlm_labels.shape[1]
+    assert (whole.mlm_labels[300:, length:] == -100).all()
+    assert whole.mlm_labels[300:, :length].equal(tail.mlm_labels)
+    draws = data.mask_draws(0, 0, whole.context_ids[whole.mentions.batch_ids].numpy(),
+                            np.concatenate([np.arange(len(s)) for s in rows["mention_starts"]]))
+    masked = whole.mlm_labels[whole.mentions.batch_ids, whole.mentions.starts] != -100
+    assert masked.numpy().tolist() == (draws < 0.2).tolist()
+    assert 0.17 < masked.float().mean() < 0.23, float(masked.float().mean())  # ~1,200 mentions
+    other_epoch = data.collate(rows, seed=0, epoch=1, mask_rate=0.2, num_entities=None)
+    assert not other_epoch.mlm_labels.equal(whole.mlm_labels)
+
+
 def test_collate_checks_the_models_inputs_on_the_host():
     """The loop runs the model with validate=False: collate must raise the model's errors."""
     import numpy as np
@@ -158,6 +225,35 @@ def test_step_profiler_writes_the_profiled_steps_summary(tmp_path):
         assert out.is_file() == (step >= 3)
     text = out.read_text()
     assert text.startswith("steps 2-3: wall ") and "aten::mm" in text
+
+
+def test_gc_timer_counts_the_collections_of_every_thread():
+    import gc
+
+    from eae_platform.pretrain.profiling import GcTimer
+
+    def cycles(n: int) -> None:  # garbage that only a collection frees
+        for _ in range(n):
+            a = []
+            a.append(a)
+
+    timer = GcTimer()
+    try:
+        assert timer.take() == 0.0
+        thread = threading.Thread(target=cycles, args=(200_000,))  # automatic collections, in another thread
+        thread.start()
+        thread.join()
+        gc.collect()
+        first = timer.take()
+        assert first > 0 and timer.take() == 0.0
+        start = time.perf_counter()
+        gc.collect()
+        assert 0 < timer.take() <= time.perf_counter() - start
+    finally:
+        timer.close()
+    assert timer._time not in gc.callbacks
+    gc.collect()
+    assert timer.take() == 0.0
 
 
 def test_busy_time_is_the_union_of_overlapping_kernels_and_lists_the_gaps():

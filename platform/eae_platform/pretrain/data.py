@@ -8,8 +8,9 @@ its own files through its own Ray Data pipeline (`read_parquet`, order preserved
 - epoch e: the shard files are permuted with seed (seed, e) and dealt round-robin to ranks;
 - every rank runs the same number of steps per epoch, the smallest number of full batches any
   rank has (the rest of the epoch's rows are dropped; the next epoch deals the files anew);
-- masking is drawn per example from seed (seed, epoch, context_id): 20% of mentions, all
-  their tokens replaced by [MASK], redrawn every epoch, independent of batch composition;
+- masking is drawn per mention from (seed, epoch, context_id, the mention's index), `mask_draws`:
+  20% of mentions, all their tokens replaced by [MASK], redrawn every epoch, independent of
+  batch composition;
 - resuming at (epoch, step) skips `step` batches of that epoch's stream.
 Shards are the unit of assignment: build data with enough files per split (`eae data build
 --shard-rows`) that each worker gets several.
@@ -83,6 +84,34 @@ class Batch:
         return int(self.attention_mask.sum())
 
 
+def mask_draws(seed: int, epoch: int, context_ids: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) draws, one per mention: a hash (splitmix64's mixer) of (seed, epoch,
+    context id, the mention's index in its context). A pure function of those four, so a
+    mention's mask does not depend on which batch or worker its context lands in, and computed
+    for a whole batch in a few numpy operations (a generator per context cost ~10 ms of Python
+    a batch, in a thread that shares the training step's interpreter lock)."""
+    x = np.full(len(index), seed, dtype=np.uint64)
+    for part in (np.uint64(epoch), np.asarray(context_ids, dtype=np.int64).astype(np.uint64),
+                 np.asarray(index, dtype=np.uint64)):
+        x = _mix(x + np.uint64(0x9E3779B97F4A7C15)) ^ part  # uint64 arithmetic wraps (mod 2^64)
+    return (_mix(x) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _flat(column) -> tuple[np.ndarray, np.ndarray]:
+    """A column of per-row integer lists (Ray Data's numpy batch: an object array of arrays,
+    or a 2-D array when every row has the same length) -> (all values int64, row lengths)."""
+    lengths = np.fromiter((len(x) for x in column), dtype=np.int64, count=len(column))
+    if lengths.sum() == 0:
+        return np.zeros(0, np.int64), lengths
+    return np.concatenate(list(column)).astype(np.int64, copy=False), lengths
+
+
 def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float, num_entities: int | None,
             pad_to: int | None = None) -> Batch:
     """Ray Data numpy batch (columns of per-row arrays) -> a padded, masked Batch.
@@ -90,50 +119,55 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
     Entity ids >= num_entities (data built with a larger vocabulary than the model's table)
     become unlinked; None keeps them as they are. pad_to: every batch padded to this length
     (GPUs: one shape for every step; a new sequence length costs a new attention plan, ~1-2 s
-    on an H100) instead of its longest context."""
-    context_ids = rows["context_id"].astype(np.int64)
-    tokens = rows["token_ids"]
-    batch, length = len(tokens), max(len(t) for t in tokens)
+    on an H100) instead of its longest context. Vectorised over the batch (no loop over rows):
+    it runs in the prefetch thread, whose Python holds the interpreter lock the training
+    step's kernel launches need (benchmarks/bench_collate.py)."""
+    context_ids = np.asarray(rows["context_id"]).astype(np.int64)
+    tokens, token_counts = _flat(rows["token_ids"])
+    batch = len(token_counts)
+    length = int(token_counts.max()) if batch else 0
     if pad_to is not None:
         if length > pad_to:
             raise ValueError(f"a context of {length} tokens is longer than pad_to={pad_to}")
         length = pad_to
+    # every token's (row, column): rows repeated by their lengths, columns counting within each
+    token_row = np.repeat(np.arange(batch), token_counts)
+    token_col = np.arange(len(tokens)) - np.repeat(np.cumsum(token_counts) - token_counts, token_counts)
     input_ids = np.zeros((batch, length), dtype=np.int64)
     attention = np.zeros((batch, length), dtype=np.int64)
     labels = np.full((batch, length), IGNORE, dtype=np.int64)
-    b_ids, starts, ends, entities = [], [], [], []
-    for b in range(batch):
-        ids = np.asarray(tokens[b], dtype=np.int64)
-        input_ids[b, : len(ids)] = ids
-        attention[b, : len(ids)] = 1
-        s = np.asarray(rows["mention_starts"][b], dtype=np.int64)
-        t = np.asarray(rows["mention_ends"][b], dtype=np.int64)
-        e = np.asarray(rows["mention_entity_ids"][b], dtype=np.int64)
-        rng = np.random.default_rng([seed, epoch, int(context_ids[b])])
-        masked = rng.random(len(s)) < mask_rate
-        for start, end in zip(s[masked], t[masked]):
-            labels[b, start : end + 1] = input_ids[b, start : end + 1]
-            input_ids[b, start : end + 1] = MASK_TOKEN_ID
-        b_ids.append(np.full(len(s), b))
-        starts.append(s)
-        ends.append(t)
-        entities.append(e)
-    entity_ids = np.concatenate(entities) if entities else np.zeros(0, np.int64)
+    input_ids[token_row, token_col] = tokens
+    attention[token_row, token_col] = 1
+
+    starts, counts = _flat(rows["mention_starts"])
+    ends, _ = _flat(rows["mention_ends"])
+    entity_ids, _ = _flat(rows["mention_entity_ids"])
+    b_ids = np.repeat(np.arange(batch), counts)
+    index = np.arange(len(starts)) - np.repeat(np.cumsum(counts) - counts, counts)  # mention's index in its context
+    masked = mask_draws(seed, epoch, context_ids[b_ids], index) < mask_rate
+    if len(ends) == len(starts):
+        # Only well-placed spans are masked; `validate` below names any other.
+        masked &= (starts >= 0) & (starts <= ends) & (ends < token_counts[b_ids])
+        span = ends[masked] - starts[masked] + 1
+        rows_m = np.repeat(b_ids[masked], span)
+        cols_m = np.repeat(starts[masked], span) + np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
+        labels[rows_m, cols_m] = input_ids[rows_m, cols_m]
+        input_ids[rows_m, cols_m] = MASK_TOKEN_ID
     if num_entities is not None:
         entity_ids = np.where(entity_ids < num_entities, entity_ids, NULL_ENTITY)
     as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))  # noqa: E731
-    mentions = Mentions(as_t(np.concatenate(b_ids)), as_t(np.concatenate(starts)), as_t(np.concatenate(ends)), as_t(entity_ids))
+    mentions = Mentions(as_t(b_ids), as_t(starts), as_t(ends), as_t(entity_ids))
     labels_t = as_t(labels)
-    batch = Batch(as_t(context_ids), as_t(input_ids), as_t(attention), labels_t, mentions,
-                  TargetIndices.of(labels_t, mentions))
+    out = Batch(as_t(context_ids), as_t(input_ids), as_t(attention), labels_t, mentions,
+                TargetIndices.of(labels_t, mentions))
     # The model's input checks and its indices, here on the host (in the prefetch thread): the
     # training step runs the model with validate=False and these indices, as on a GPU each check
     # and each nonzero made the host wait for the GPU.
-    empty = ~attention.any(1)
+    empty = token_counts == 0
     if empty.any():
         raise ValueError(f"context {int(context_ids[empty.argmax()])} has no tokens")
-    mentions.validate(batch.attention_mask, num_entities)
-    return batch
+    mentions.validate(out.attention_mask, num_entities)
+    return out
 
 
 # Ray Data's Parquet datasource for `read_rows`: V1 (see there); True only to measure V2

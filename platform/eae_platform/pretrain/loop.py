@@ -28,7 +28,7 @@ from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data, state
 from eae_platform.pretrain.grad_sync import GradientSync
-from eae_platform.pretrain.profiling import StepProfiler, parse_steps
+from eae_platform.pretrain.profiling import GcTimer, StepProfiler, parse_steps
 from eae_platform.pretrain.config import PretrainConfig
 
 
@@ -285,7 +285,8 @@ def train_loop_per_worker(config_dict: dict) -> None:
     if ahead:
         stream = data.prefetch(stream, t.prefetch_batches)
     dev = dev_batches(config, rank, world_size)
-    with closing(stream):  # an early stop or an error ends the prefetch threads
+    gc_timer = GcTimer()
+    with closing(stream), closing(gc_timer):  # an early stop or an error ends the prefetch threads
         while progress["step"] < t.max_steps:
             profiler.before(progress["step"] + 1)
             waited = time.perf_counter()
@@ -329,6 +330,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
                     print(f"entity table per worker (rows + grad + Adam state): "
                           f"{table_metrics['table_gib_per_worker']:.3f} GiB", flush=True)
             if step % t.log_every == 0 or step == t.max_steps:
+                window["gc_s"] = gc_timer.take()
                 _report(window, window_start, step, scheduler, tracker, world_size,
                         memory_metrics(list(table.values()), optimizer, device))
                 window, window_start = defaultdict(float), time.perf_counter()
@@ -353,8 +355,9 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
     n = max(window["steps"], 1)
     metrics = {k: float(v) / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
     tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
-    # the slowest worker's wait sets the pace of every step (the collectives wait for it)
-    metrics.update(_max_over_workers({"data_wait_s": window["data_wait_s"] / n}))
+    # the slowest worker's waits set the pace of every step (the collectives wait for it): for
+    # its batch, and in Python's garbage collections (GcTimer)
+    metrics.update(_max_over_workers({"data_wait_s": window["data_wait_s"] / n, "gc_s": window["gc_s"] / n}))
     metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, lr=scheduler.get_last_lr()[0])
     metrics.update(extra or {})
     if tracker is not None:
@@ -362,7 +365,7 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
         print(f"step {step}: loss {metrics['loss']:.3f} "
               + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
               + f" | {metrics['tokens_per_s']:,.0f} tokens/s, {metrics['step_time_s']:.3f} s/step"
-              + f" (waiting for data {metrics['data_wait_s']:.3f})"
+              + f" (waiting for data {metrics['data_wait_s']:.3f}, in gc {metrics['gc_s']:.3f})"
               + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""), flush=True)
     ray.train.report({"step": step, **metrics})
 

@@ -9,6 +9,7 @@ workers), and the top operators by device and by host time."""
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -122,3 +123,34 @@ class StepProfiler:
         self.out.write_text("\n".join(lines) + "\n")
         print(f"profile: {lines[0]} -> {self.out}", flush=True)
         self.profile = None
+
+
+class GcTimer:
+    """Seconds this process spends in Python's garbage collections, in any of its threads (the
+    step's, the prefetch threads', Ray Data's): the job's `gc_s` metric. A full collection walks
+    every object the process tracks (~170 ms for the ~340k that importing torch, Ray and MLflow
+    leaves, on the 2-core CI machine) and stops the step's kernel launches; on several GPUs
+    the other workers would wait for it at the next collective. Measured on two H100s: 3.1 s in
+    the first 10 steps (torch.compile's garbage), < 0.5 ms a step after (docs/performance.md)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._started: float | None = None
+        gc.callbacks.append(self._time)
+
+    def _time(self, phase: str, info: dict) -> None:
+        # called by the collecting thread, which holds the interpreter lock: one at a time
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def take(self) -> float:
+        """Seconds spent collecting since the last take()."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def close(self) -> None:
+        if self._time in gc.callbacks:
+            gc.callbacks.remove(self._time)

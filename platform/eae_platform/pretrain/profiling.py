@@ -5,7 +5,8 @@ Writes `profile-rank<r>.txt` beside the run's example traces: the step's wall ti
 kernels' summed time and their busy time (on a GPU: the union of kernel intervals over all
 streams; the rest of the wall time is the GPU waiting for the host or for another worker,
 with the longest of those gaps), every NCCL kernel in order with its duration (with several
-workers), and the top operators by device and by host time."""
+workers), and the top operators by device and by host time. `GcTimer`: the time spent in
+Python's garbage collections, which the job logs at every report (`gc_s`)."""
 
 from __future__ import annotations
 

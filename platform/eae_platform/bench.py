@@ -34,15 +34,20 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def make_batch(batch: int, length: int, num_entities: int, vocab: int, device, seed: int = 0):
-    """`batch` contexts of `length` wordpieces with ~4.4 mentions each (the paper's data: 140M
-    mentions in 32M contexts), half of them linked, 20% masked: (ids, mlm labels, mentions)."""
+def make_batch(batch: int, length: int, num_entities: int, vocab: int, device, seed: int = 0,
+               mentions_per_context: float = 4.4):
+    """`batch` contexts of `length` wordpieces with ~`mentions_per_context` mentions each (4.4:
+    the paper's data, 140M mentions in 32M contexts; the GPU runs' synthetic world has 7.2),
+    half of them linked, 20% masked: (ids, mlm labels, mentions)."""
+    whole, part = int(mentions_per_context), mentions_per_context - int(mentions_per_context)
+    if not 0 <= mentions_per_context <= (length - 2) // 4:
+        raise ValueError(f"mentions_per_context must be in [0, {(length - 2) // 4}] for length {length}")
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1000, vocab, (batch, length), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
     spans, entities = [], []
     for _ in range(batch):
-        count = 4 + int(torch.rand(1, generator=g) < 0.4)  # 4.4 on average
+        count = whole + int(torch.rand(1, generator=g) < part)  # mentions_per_context on average
         starts = sorted(torch.randperm((length - 2) // 4, generator=g)[:count].tolist())
         context = [(1 + 4 * s, 1 + 4 * s + int(torch.randint(0, 3, (1,), generator=g))) for s in starts]
         spans.append(context)
@@ -372,54 +377,74 @@ def run_topk(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- scaling
 
 
-def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps: int, overrides: list[str]):
+def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps: int, overrides: list[str],
+                   compile: bool = False, mentions: float = 4.4):
     """On every worker of an initialised process group: time pretraining steps (the loop's
-    model, sharded table and gradient sync) on a synthetic batch; all workers' figures
-    [seconds per step, peak GiB, table state GiB], gathered."""
+    model, sharded table and gradient sync; compile: the stacks compiled as the job does on
+    GPUs) on a synthetic batch with ~`mentions` mentions per context; all workers' figures
+    [seconds per step, peak GiB, table state GiB, ms per step in the table's exchanges, ms per
+    step waiting for the gradients' all-reduces after the backward], gathered. On a CPU (gloo;
+    the tests) the same code runs in float32 and the peak memory reads 0."""
     import torch.distributed as dist
 
     from eae_platform.pretrain.config import PretrainConfig, TrainConfig
     from eae_platform.pretrain.grad_sync import GradientSync
-    from eae_platform.pretrain.loop import build_model, sync_and_clip
+    from eae_platform.pretrain.loop import build_model, compile_stacks, sync_and_clip
+    from eae_platform.pretrain.profiling import SpanTimer
     from eae_platform.pretrain.state import split_params
 
-    config = PretrainConfig(load_config(preset, overrides=overrides), TrainConfig(num_workers=world, batch_size=batch * world))
-    model = build_model(config).to(device).train()
+    config = PretrainConfig(load_config(preset, overrides=overrides),
+                            TrainConfig(num_workers=world, batch_size=batch * world, compile=compile))
+    model = compile_stacks(build_model(config).to(device).train(), config)
     replicated, table = split_params(model)
     sync = GradientSync(list(replicated.values()))
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
+    cuda = device.type == "cuda"
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=cuda)
+    spans = SpanTimer(device)  # as the job times them (exchange_s, grad_sync_wait_s)
+    model.entity_table.timer = spans
     c = config.model
-    ids, labels, mentions = make_batch(batch, c.max_length, c.num_entities, c.vocab_size, device, seed=rank)
+    ids, labels, mentions = make_batch(batch, c.max_length, c.num_entities, c.vocab_size, device, seed=rank,
+                                       mentions_per_context=mentions)
 
     indices = TargetIndices.of(labels, mentions)  # as the loop's batches bring them
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = model(ids, mentions=mentions, mlm_labels=labels, validate=False, indices=indices).loss
         loss.backward()
-        sync_and_clip(sync, list(replicated.values()), list(table.values()), 1.0)
+        sync_and_clip(sync, list(replicated.values()), list(table.values()), 1.0, spans)
         optimizer.step()
 
-    for _ in range(3):
+    def synchronize():
+        if cuda:
+            torch.cuda.synchronize()
+
+    for _ in range(3 if not compile else 5):  # compiling takes the first steps
         step()
-    torch.cuda.synchronize()
+    synchronize()
     dist.barrier()
-    torch.cuda.reset_peak_memory_stats()
+    spans.take()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    synchronize()
     seconds = (time.perf_counter() - start) / steps
+    waits = spans.take()
     rows = sum(p.numel() for p in table.values())
     table_gib = 4 * rows * 4 / 2**30  # float32 table, gradient and Adam's two moments
-    stats = torch.tensor([seconds, torch.cuda.max_memory_allocated() / 2**30, table_gib], device=device)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    stats = torch.tensor([seconds, peak, table_gib, waits.get("exchange", 0.0) / steps * 1e3,
+                          waits.get("grad_sync_wait", 0.0) / steps * 1e3], device=device)
     gathered = [torch.zeros_like(stats) for _ in range(world)]
     dist.all_gather(gathered, stats)
     return [g.tolist() for g in gathered]
 
 
-def _scaling_worker(rank: int, world: int, preset: str, batch: int, steps: int, overrides: list[str], port: int, out):
+def _scaling_worker(rank: int, world: int, preset: str, batch: int, steps: int, overrides: list[str], port: int, out,
+                    options: dict):
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -427,7 +452,7 @@ def _scaling_worker(rank: int, world: int, preset: str, batch: int, steps: int, 
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
     try:
-        stats = _measure_steps(rank, world, device, preset, batch, steps, overrides)
+        stats = _measure_steps(rank, world, device, preset, batch, steps, overrides, **options)
         if rank == 0:
             out.put(stats)
     finally:
@@ -440,14 +465,14 @@ def _ray_train_worker(config: dict) -> None:
 
     ctx = ray.train.get_context()
     stats = _measure_steps(ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(),
-                           config["preset"], config["batch"], config["steps"], config["overrides"])
+                           config["preset"], config["batch"], config["steps"], config["overrides"], **config["options"])
     if ctx.get_world_rank() == 0:  # Ray Train V2 keeps metrics only with checkpoints: a file
         with open(config["out"], "w") as f:
             json.dump(stats, f)
     ray.train.report({})
 
 
-def _launch_ray_train(world: int, preset: str, batch: int, steps: int, overrides: list[str]) -> list:
+def _launch_ray_train(world: int, preset: str, batch: int, steps: int, overrides: list[str], options: dict) -> list:
     """One Ray Train run (TorchTrainer, NCCL process group set up by Ray) of `world` GPU workers."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -455,7 +480,8 @@ def _launch_ray_train(world: int, preset: str, batch: int, steps: int, overrides
     out = f"/tmp/eae-ray-scaling-{os.getpid()}-{world}.json"
     trainer = TorchTrainer(
         _ray_train_worker,
-        train_loop_config={"preset": preset, "batch": batch, "steps": steps, "overrides": overrides, "out": out},
+        train_loop_config={"preset": preset, "batch": batch, "steps": steps, "overrides": overrides, "out": out,
+                           "options": options},
         scaling_config=ScalingConfig(num_workers=world, use_gpu=True, resources_per_worker={"CPU": 2, "GPU": 1}),
         run_config=RunConfig(name=f"eae-scaling-{world}-{os.getpid()}", storage_path="/tmp/eae-ray-scaling"),
     )
@@ -464,12 +490,16 @@ def _launch_ray_train(world: int, preset: str, batch: int, steps: int, overrides
         return json.load(f)
 
 
-def bench_scaling(preset: str, batch: int, steps: int, gpus: list[int], overrides: list[str], ray: bool = False) -> dict:
+def bench_scaling(preset: str, batch: int, steps: int, gpus: list[int], overrides: list[str], ray: bool = False,
+                  compile: bool = False, mentions: float = 4.4) -> dict:
     """Data-parallel pretraining steps (sharded table over NCCL, replicated gradients
-    all-reduced, as in eae_platform.pretrain.loop) with `batch` contexts per GPU, for each
-    GPU count: global tokens/s, scaling vs the first count, memory per GPU. Workers are
-    launched by Ray Train (ray=True: TorchTrainer on a local Ray cluster) or by
-    torch.multiprocessing; the timed code is the same."""
+    all-reduced, as in eae_platform.pretrain.loop) with `batch` contexts per GPU of ~`mentions`
+    mentions each (compile: the stacks compiled, as the job on GPUs), for each GPU count:
+    global tokens/s, scaling vs the first count, memory per GPU, and per step the time in the
+    table's exchanges and waiting for the gradients' all-reduces (the slowest worker's; what a
+    second GPU adds to the step, without the profiler's host overhead). Workers are launched by
+    Ray Train (ray=True: TorchTrainer on a local Ray cluster) or by torch.multiprocessing; the
+    timed code is the same."""
     import torch.multiprocessing as mp
 
     if ray:
@@ -477,34 +507,40 @@ def bench_scaling(preset: str, batch: int, steps: int, gpus: list[int], override
 
         ray_module.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
     ctx = mp.get_context("spawn")
+    options = {"compile": compile, "mentions": mentions}
     results = {}
     for i, world in enumerate(gpus):
         if world > torch.cuda.device_count():
             raise ValueError(f"{world} GPUs asked for, {torch.cuda.device_count()} present")
         if ray:
-            per_rank = _launch_ray_train(world, preset, batch, steps, overrides)
+            per_rank = _launch_ray_train(world, preset, batch, steps, overrides, options)
         else:
             queue = ctx.Queue()
-            mp.start_processes(_scaling_worker, args=(world, preset, batch, steps, overrides, 29500 + i, queue),
+            mp.start_processes(_scaling_worker, args=(world, preset, batch, steps, overrides, 29500 + i, queue, options),
                                nprocs=world, join=True, start_method="spawn")
             per_rank = queue.get()
         seconds = max(r[0] for r in per_rank)
         tokens = world * batch * load_config(preset, overrides=overrides).max_length
         results[world] = {"ms": seconds * 1e3, "tokens_per_s": tokens / seconds,
-                          "peak_gib_per_gpu": [r[1] for r in per_rank], "table_state_gib_per_gpu": [r[2] for r in per_rank]}
+                          "peak_gib_per_gpu": [r[1] for r in per_rank], "table_state_gib_per_gpu": [r[2] for r in per_rank],
+                          "exchange_ms_per_gpu": [r[3] for r in per_rank], "grad_sync_wait_ms_per_gpu": [r[4] for r in per_rank]}
     first = results[gpus[0]]["tokens_per_s"]
     launcher = "Ray Train (TorchTrainer)" if ray else "torch.multiprocessing"
-    print(f"device {device_name(torch.device('cuda'))} x {max(gpus)}: data-parallel steps, {batch} contexts per GPU, "
-          f"workers launched by {launcher}")
+    print(f"device {device_name(torch.device('cuda'))} x {max(gpus)}: data-parallel steps, {batch} contexts per GPU "
+          f"(~{mentions} mentions each), {'compiled' if compile else 'eager'} stacks, workers launched by {launcher}")
     for world, r in results.items():
         r["scaling"] = r["tokens_per_s"] / first
         print(f"  {world} GPU(s): {r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, {r['scaling']:.2f}x, "
-              f"peak {max(r['peak_gib_per_gpu']):.1f} GiB/GPU, table + grad + Adam {r['table_state_gib_per_gpu'][0]:.2f} GiB/GPU")
-    return {"device": device_name(torch.device("cuda")), "batch_per_gpu": batch, "launcher": launcher, "results": results}
+              f"peak {max(r['peak_gib_per_gpu']):.1f} GiB/GPU, table + grad + Adam {r['table_state_gib_per_gpu'][0]:.2f} GiB/GPU"
+              + (f", exchanges {max(r['exchange_ms_per_gpu']):.2f} ms/step, all-reduce wait "
+                 f"{max(r['grad_sync_wait_ms_per_gpu']):.2f} ms/step (slowest GPU)" if world > 1 else ""))
+    return {"device": device_name(torch.device("cuda")), "batch_per_gpu": batch, "mentions_per_context": mentions,
+            "compiled": compile, "launcher": launcher, "results": results}
 
 
 def run_scaling(args: argparse.Namespace) -> int:
     _need_cuda()
     gpus = [int(x) for x in args.gpus.split(",")]
     overrides = args.set or ["memory_impl=triton"]
-    return _write(bench_scaling(args.preset, args.batch, args.steps, gpus, overrides, args.ray), args.json)
+    return _write(bench_scaling(args.preset, args.batch, args.steps, gpus, overrides, args.ray, args.compile,
+                                args.mentions), args.json)

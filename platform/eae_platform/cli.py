@@ -371,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="EaEConfig override (default memory_impl=triton)")
     sc.add_argument("--ray", action="store_true", help="launch the workers with Ray Train (TorchTrainer) "
                     "instead of torch.multiprocessing")
+    sc.add_argument("--compile", action="store_true", help="compile the stacks, as the pretraining job does on GPUs")
+    sc.add_argument("--mentions", type=float, default=4.4,
+                    help="mentions per context (4.4: the paper's data; the GPU runs' synthetic world: 7.2)")
     sc.add_argument("--json")
     sc.set_defaults(func=_bench, run="run_scaling")
     v = commands.add_parser("serve", help="serve linking and QA over HTTP with Ray Serve (local cluster unless --address)")

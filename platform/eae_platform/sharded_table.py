@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +138,7 @@ class _Comm:
     def __init__(self, group=None):
         self.group = group
         self.host_group = None  # where R0 runs: None = `group` itself
+        self.timer = None  # a pretrain.profiling.SpanTimer: each all_to_all timed as "exchange"
         if group is None and not (dist.is_available() and dist.is_initialized()):
             self.world, self.rank = 1, 0
         else:
@@ -175,7 +177,8 @@ class _Comm:
         if replicate:
             buf = buf.repeat(self.world, 1)
         out = buf.new_empty(sum(recv), buf.shape[1])
-        dist.all_to_all_single(out, buf, output_split_sizes=recv, input_split_sizes=send, group=self.group)
+        with self.timer.span("exchange") if self.timer is not None else nullcontext():
+            dist.all_to_all_single(out, buf, output_split_sizes=recv, input_split_sizes=send, group=self.group)
         result, offset = [], 0
         for dtype, shape, width in specs:
             piece = out[:, offset : offset + width].clone(memory_format=torch.contiguous_format).view(dtype)
@@ -498,6 +501,16 @@ class ShardedEntityTable(nn.Module):
             rows[a - self.lo : b - self.lo] = values[a - start : b - start]
         self.weight = nn.Parameter(rows.to(device), requires_grad=trainable)
         self._expected: deque[list[int]] = deque()  # `expect`: R0 done ahead for the next calls
+
+    @property
+    def timer(self):
+        """A `SpanTimer` (eae_platform.pretrain.profiling) that times every exchange of this
+        table's calls as "exchange"; None (default): not timed."""
+        return self._comm.timer
+
+    @timer.setter
+    def timer(self, timer) -> None:
+        self._comm.timer = timer
 
     def extra_repr(self) -> str:
         rows = f"rows=[{self.lo}, {self.hi}), shards={self.world_size}"

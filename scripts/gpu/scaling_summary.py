@@ -86,12 +86,16 @@ def summarize_run(client, experiment_id: str | None, record: dict, storage: Path
     out["mlflow_status"] = run.info.status
     out["mlflow_checkpoint_artifacts"] = [a.path for a in client.list_artifacts(rid, "checkpoints")]
     tps, st = _history(client, rid, "tokens_per_s"), _history(client, rid, "step_time_s")
-    wait = dict(_history(client, rid, "data_wait_s"))  # the slowest worker's wait for its batch, s/step
-    gc_s = dict(_history(client, rid, "gc_s"))  # the slowest worker's garbage collections, s/step
+    # the slowest worker's s/step waiting for its batch, in garbage collections, in the table's
+    # exchanges and for the gradients' all-reduces after the backward (the last two: 2+ workers)
+    waits = {key: dict(_history(client, rid, key)) for key in ("data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s")}
     out["windows"] = [{"step": s, "tokens_per_s": round(v), "step_time_s": round(dict(st).get(s, float("nan")), 4),
-                       "data_wait_s": round(wait.get(s, float("nan")), 4), "gc_s": round(gc_s.get(s, float("nan")), 4)}
-                      for s, v in tps]
+                       **{key: round(h[s], 4) for key, h in waits.items() if s in h}} for s, v in tps]
     out.update(steady(tps, st, warmup_steps, profiled))
+    for key, h in waits.items():  # the median over the windows after the warm-up
+        timed = [v for s, v in h.items() if s > warmup_steps]
+        if timed:
+            out[f"median_{key[:-2]}_ms"] = round(statistics.median(timed) * 1e3, 2)
     if out.get("step_time_s"):
         out["contexts_per_s"] = batch * record["workers"] / out["step_time_s"]
     for key in ("table_gib_per_worker", "peak_gpu_gib", "peak_gpu_gib_min"):
@@ -150,7 +154,9 @@ def main() -> None:
               f"over {r.get('steps_timed', 0)} steps, median window {r.get('median_window_step_time_s', float('nan')) * 1e3:.1f} ms, "
               f"{r.get('stall_free_step_time_s', float('nan')) * 1e3:.1f} ms without {len(r.get('stall_windows', []))} stalled windows), "
               f"scaling {r.get('scaling_vs_1_worker', float('nan')):.2f}x (tokens), {r.get('scaling_contexts_vs_1_worker', float('nan')):.2f}x (contexts), table {r.get('table_gib_per_worker', float('nan')):.2f} GiB/worker, "
-              f"peak {r.get('peak_gpu_gib', float('nan')):.1f} GiB, checkpoints {list(r.get('checkpoints', {}))}, "
+              f"peak {r.get('peak_gpu_gib', float('nan')):.1f} GiB, "
+              + "".join(f"{k[7:-3]} {v:.2f} ms/step, " for k, v in r.items() if k.startswith("median_") and k.endswith("_ms"))
+              + f"checkpoints {list(r.get('checkpoints', {}))}, "
               f"MLflow {r.get('mlflow_run_id')}")
 
 

@@ -50,3 +50,38 @@ def test_flop_counts_by_hand():
     per_linked = 2 * 1_000_000 * 256
     assert eae_flops(c, tokens, length, 1126, 450, 563) == 3 * (
         tokens * 12 * layer + 450 * head + 1126 * per_mention + 563 * per_linked)
+
+
+def test_make_batch_has_the_asked_mentions_per_context():
+    from eae_platform.bench import make_batch
+
+    default = make_batch(64, 128, 1000, 30522, "cpu")
+    assert all(a.equal(b) for a, b in zip(default[:2], make_batch(64, 128, 1000, 30522, "cpu", mentions_per_context=4.4)[:2]))
+    assert 4.0 <= len(default[2]) / 64 <= 5.0
+    assert 6.9 <= len(make_batch(256, 128, 1000, 30522, "cpu", mentions_per_context=7.2)[2]) / 256 <= 7.5
+    with pytest.raises(ValueError, match="mentions_per_context must be in"):
+        make_batch(4, 16, 1000, 30522, "cpu", mentions_per_context=5)
+
+
+def _scaling_steps(rank: int, world: int) -> list:
+    import torch
+
+    from eae_platform.bench import _measure_steps
+
+    torch.set_num_threads(1)
+    return _measure_steps(rank, world, torch.device("cpu"), "tiny", 4, 2, ["memory_impl=chunked"], mentions=6.0)
+
+
+def test_scaling_steps_time_the_exchanges_and_the_all_reduce_wait(tmp_path):
+    """`eae bench scaling`'s timed steps on two real gloo workers (CPU): every worker's step
+    time, table footprint (half the rows each) and, per step, the time in the table's
+    exchanges and waiting for the gradients' all-reduces, all gathered on every worker."""
+    from tests.eae_platform.gloo_workers import run_workers
+
+    got = run_workers(_scaling_steps, 2, tmp_path, timeout=240)
+    assert got[0] == got[1]  # gathered: the same figures on both
+    tiny = load_config("tiny")
+    for seconds, peak, table_gib, exchange_ms, wait_ms in got[0]:
+        assert seconds > 0 and peak == 0.0
+        assert table_gib == pytest.approx(16 * (tiny.num_entities // 2) * tiny.entity_dim / 2**30, rel=0.01)
+        assert 0 < exchange_ms < seconds * 1e3 and 0 < wait_ms < seconds * 1e3

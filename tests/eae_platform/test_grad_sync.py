@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from eae_platform.pretrain.grad_sync import GradientSync
+from eae_platform.pretrain.profiling import SpanTimer
 from tests.eae_platform.gloo_workers import run_workers
 
 
@@ -48,6 +49,7 @@ def _two_steps(rank: int, world: int) -> list:
     # 300-byte buckets: one Linear each (256 + 32 bytes), the last one with layers.0.bias,
     # `sometimes` and `unused`
     sync = GradientSync(list(net.parameters()), bucket_mb=300 / 2**20)
+    timer = SpanTimer(torch.device("cpu"))
     results = []
     # the second step checks that the buckets reset; the third zeroes the gradients in place
     # (they are the buckets' views by then), so autograd accumulates into the buckets
@@ -56,10 +58,12 @@ def _two_steps(rank: int, world: int) -> list:
         x, use = _batch(rank, step)
         net(x, use).backward()
         launched = sum(b.work is not None for b in sync.buckets)  # during the backward
-        sync.wait()
+        sync.wait(timer)
+        waits = timer.counts["grad_sync_wait"]
+        waited = (waits, timer.take().get("grad_sync_wait", 0.0))
         grads = {n: None if g is None else g.numpy() for n, g in _grads_of(net).items()}
         as_views = all(p.grad is v for b in sync.buckets for p, v in zip(b.params, b.views))
-        results.append((launched, len(sync.buckets), grads, as_views))
+        results.append((launched, len(sync.buckets), grads, as_views, waited))
     return results
 
 
@@ -74,8 +78,9 @@ def test_buckets_average_over_workers_and_start_during_the_backward(tmp_path):
             for name, g in _grads_of(net).items():
                 expected.setdefault(name, []).append(g)
         for rank in range(2):
-            launched, buckets, grads, as_views = got[rank][step]
+            launched, buckets, grads, as_views, (waits, seconds) = got[rank][step]
             assert buckets == 4
+            assert waits == 1 and seconds > 0  # the wait is timed (SpanTimer), once a step
             assert as_views  # the averages are in the buckets: no copy back into .grad
             # every bucket went out before wait() but the last, which holds `unused` (zeros,
             # sent by wait)

@@ -85,7 +85,7 @@ def test_mlflow_records_the_run(uninterrupted):
     r = client.get_run(summary["mlflow_run_id"])
     assert r.data.params["model.num_entities"] == "3000" and r.data.params["train.max_steps"] == str(STEPS)
     for key in ("loss", "loss_mention", "loss_memory_el", "loss_entity_pred", "loss_mlm", "tokens_per_s", "table_gib_per_worker",
-                "step_time_s", "data_wait_s", "gc_s", "dev_entity_acc", "dev_token_acc", "dev_ppl"):
+                "step_time_s", "data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s", "dev_entity_acc", "dev_token_acc", "dev_ppl"):
         assert key in r.data.metrics, key
     artifacts = [a.path for a in client.list_artifacts(r.info.run_id, "checkpoints")]
     assert len(artifacts) == 1

@@ -256,6 +256,26 @@ def test_gc_timer_counts_the_collections_of_every_thread():
     assert timer.take() == 0.0
 
 
+def test_span_timer_sums_each_name_until_taken():
+    import torch
+
+    from eae_platform.pretrain.profiling import SpanTimer, span
+
+    timer = SpanTimer(torch.device("cpu"))
+    start = time.perf_counter()
+    for _ in range(3):
+        with timer.span("exchange"):
+            time.sleep(0.01)
+    with span(timer, "grad_sync_wait"):
+        pass
+    with span(None, "grad_sync_wait"):  # no timer: nothing timed
+        time.sleep(0.01)
+    assert dict(timer.counts) == {"exchange": 3, "grad_sync_wait": 1}
+    taken = timer.take()
+    assert 0.03 <= taken["exchange"] <= time.perf_counter() - start and 0 <= taken["grad_sync_wait"] < 0.01
+    assert timer.take() == {} and not timer.counts
+
+
 def test_busy_time_is_the_union_of_overlapping_kernels_and_lists_the_gaps():
     from eae_platform.pretrain.profiling import busy_time
 

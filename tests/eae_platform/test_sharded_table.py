@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from eae_model.entity_table import entity_attention
+from eae_platform.pretrain.profiling import SpanTimer
 from eae_platform.sharded_table import ShardedEntityTable, bytes_per_step, exchange_counts, shard_bounds
 
 N, D, W = 11, 16, 2  # N odd: shards of 6 and 5 rows
@@ -192,9 +193,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         results["counts_exchanged"] = expected == [list(counts[:W]), [2, 3]] and sent["gather_groups"] == [ahead]
         table = ShardedEntityTable(N, D)
         table.expect(expected[:1])
+        table.timer = SpanTimer(torch.device("cpu"))  # the training loop's timing of exchanges
         sent["gather_groups"] = []
         results["k3-counts-ahead"] = compare(table, full, data, rank, 3, True)
         results["no_gather_in_call"] = sent["gather_groups"] == []
+        results["exchanges_timed"] = (table.timer.counts["exchange"], table.timer.take().get("exchange", 0.0))
     finally:
         torch.save(results, f"{out_dir}/rank{rank}.pt")
         dist.destroy_process_group()
@@ -262,6 +265,9 @@ def test_two_workers_bounds_state_dict_and_errors(two_workers):
     assert all(res["sizes_on_host"] and res["bad_target_raised_on_host"] for res in results)
     # counts exchanged ahead: [call][worker], and the call itself gathers nothing
     assert all(res["counts_exchanged"] and res["no_gather_in_call"] for res in results)
+    # a timed table (SpanTimer): the six exchanges of a top-k call's forward and backward
+    # (queries, candidates, prefix lengths, partials; output gradients, query gradients)
+    assert all(res["exchanges_timed"][0] == 6 and res["exchanges_timed"][1] > 0 for res in results)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

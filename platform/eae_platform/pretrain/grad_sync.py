@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from eae_platform.pretrain.profiling import SpanTimer, span
+
 
 class _Bucket:
     def __init__(self, params: list[torch.nn.Parameter]):
@@ -98,19 +100,21 @@ class GradientSync:
         op = dist.ReduceOp.AVG if self._average else dist.ReduceOp.SUM
         bucket.work = dist.all_reduce(bucket.flat, op=op, group=self.group, async_op=True)
 
-    def wait(self) -> None:
+    def wait(self, timer: SpanTimer | None = None) -> None:
         """After the backward: launch the buckets still waiting (some gradient missing) and
         wait for every all-reduce (the GPU's stream waits, not the host). Each `.grad` is then
-        a view of its bucket, holding the average. Resets the buckets for the next step."""
+        a view of its bucket, holding the average. Resets the buckets for the next step.
+        timer: times this wait as "grad_sync_wait" (the all-reduces left after the backward)."""
         held = self.buckets[self._next :]
         if held and not self._told:
             self._told = True
             missing = [self._names.get(p, tuple(p.shape)) for b in held for p in b.params if p.grad is None]
             print(f"gradient sync: {len(held)} of {len(self.buckets)} buckets waited for the end of the "
                   f"backward; parameters without a gradient: {missing[:8]}", flush=True)
-        for bucket in held:
-            self._launch(bucket)
-        for bucket in self.buckets:
-            bucket.work.wait()
-            bucket.ready, bucket.work = 0, None
+        with span(timer, "grad_sync_wait"):
+            for bucket in held:
+                self._launch(bucket)
+            for bucket in self.buckets:
+                bucket.work.wait()
+                bucket.ready, bucket.work = 0, None
         self._next = 0

@@ -28,7 +28,7 @@ from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data, state
 from eae_platform.pretrain.grad_sync import GradientSync
-from eae_platform.pretrain.profiling import GcTimer, StepProfiler, parse_steps
+from eae_platform.pretrain.profiling import GcTimer, SpanTimer, StepProfiler, parse_steps
 from eae_platform.pretrain.config import PretrainConfig
 
 
@@ -83,12 +83,13 @@ def _distributed() -> bool:
 
 
 def sync_and_clip(sync: GradientSync, replicated: list[torch.nn.Parameter], table: list[torch.nn.Parameter],
-                  max_norm: float) -> torch.Tensor:
+                  max_norm: float, timer: SpanTimer | None = None) -> torch.Tensor:
     """Finish averaging the replicated gradients over workers (`sync`, launched during the
     backward), then clip the global norm. Returns the norm, a 0-d tensor: nothing here waits
     for the GPU (as torch.nn.utils.clip_grad_norm_, every gradient is multiplied by
-    min(1, max_norm / norm)), so the host can prepare the next batch while this step runs."""
-    sync.wait()
+    min(1, max_norm / norm)), so the host can prepare the next batch while this step runs.
+    timer: times the wait for the all-reduces (GradientSync.wait)."""
+    sync.wait(timer)
     grads = [p.grad for p in replicated if p.grad is not None]
     sq = _sum_of_squares(grads, grads[0].device if grads else "cpu")
     shard_sq = _sum_of_squares([p.grad for p in table if p.grad is not None], sq.device)
@@ -286,6 +287,11 @@ def train_loop_per_worker(config_dict: dict) -> None:
         stream = data.prefetch(stream, t.prefetch_batches)
     dev = dev_batches(config, rank, world_size)
     gc_timer = GcTimer()
+    # With several workers: the step's time in the table's exchanges and in the wait for the
+    # gradients' all-reduces, logged per window (exchange_s, grad_sync_wait_s)
+    spans = SpanTimer(device) if world_size > 1 else None
+    if spans is not None and model.entity_table is not None:
+        model.entity_table.timer = spans
     with closing(stream), closing(gc_timer):  # an early stop or an error ends the prefetch threads
         while progress["step"] < t.max_steps:
             profiler.before(progress["step"] + 1)
@@ -305,7 +311,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
                 out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,
                             validate=False, indices=batch.indices)
             out.loss.backward()
-            grad_norm = sync_and_clip(sync, list(replicated.values()), list(table.values()), t.grad_clip)
+            grad_norm = sync_and_clip(sync, list(replicated.values()), list(table.values()), t.grad_clip, spans)
             optimizer.step()
             scheduler.step()
             profiler.after(progress["step"] + 1)
@@ -332,10 +338,12 @@ def train_loop_per_worker(config_dict: dict) -> None:
             if step % t.log_every == 0 or step == t.max_steps:
                 window["gc_s"] = gc_timer.take()
                 _report(window, window_start, step, scheduler, tracker, world_size,
-                        memory_metrics(list(table.values()), optimizer, device))
+                        memory_metrics(list(table.values()), optimizer, device), spans)
                 window, window_start = defaultdict(float), time.perf_counter()
             if step % t.checkpoint_every == 0 or step == t.max_steps:
                 metrics = evaluate(model, dev, device)
+                if spans is not None:
+                    spans.take()  # the evaluation's exchanges are no step's
                 if tracker is not None and metrics:
                     tracker.log_metrics(metrics, step)
                 _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
@@ -345,19 +353,23 @@ def train_loop_per_worker(config_dict: dict) -> None:
         tracker.close()
 
 
-def _report(window, window_start, step, scheduler, tracker, world_size, extra=None) -> None:
+def _report(window, window_start, step, scheduler, tracker, world_size, extra=None, spans=None) -> None:
     """Metrics of the window of steps since the last report (tokens/s counts the non-padding
     tokens of all workers; the first window includes start-up: kernel autotuning, the first
-    reads), plus `extra` (memory_metrics)."""
+    reads), plus `extra` (memory_metrics) and the window's `spans` (a SpanTimer)."""
     import ray.train
 
     seconds = time.perf_counter() - window_start
     n = max(window["steps"], 1)
+    if spans is not None:  # read after the window's clock stopped: on a GPU it waits for the stream
+        timed = spans.take()
+        window["exchange_s"], window["grad_sync_wait_s"] = timed.get("exchange", 0.0), timed.get("grad_sync_wait", 0.0)
     metrics = {k: float(v) / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
     tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
     # the slowest worker's waits set the pace of every step (the collectives wait for it): for
-    # its batch, and in Python's garbage collections (GcTimer)
-    metrics.update(_max_over_workers({"data_wait_s": window["data_wait_s"] / n, "gc_s": window["gc_s"] / n}))
+    # its batch, in Python's garbage collections (GcTimer) and in collectives (SpanTimer)
+    waits = ("data_wait_s", "gc_s") + (("exchange_s", "grad_sync_wait_s") if spans is not None else ())
+    metrics.update(_max_over_workers({key: window[key] / n for key in waits}))
     metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, lr=scheduler.get_last_lr()[0])
     metrics.update(extra or {})
     if tracker is not None:
@@ -366,6 +378,8 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
               + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
               + f" | {metrics['tokens_per_s']:,.0f} tokens/s, {metrics['step_time_s']:.3f} s/step"
               + f" (waiting for data {metrics['data_wait_s']:.3f}, in gc {metrics['gc_s']:.3f})"
+              + (f" | exchanges {metrics['exchange_s'] * 1e3:.1f} ms, all-reduce wait {metrics['grad_sync_wait_s'] * 1e3:.1f} ms"
+                 if "exchange_s" in metrics else "")
               + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""), flush=True)
     ray.train.report({"step": step, **metrics})
 

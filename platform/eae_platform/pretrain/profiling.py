@@ -5,13 +5,18 @@ Writes `profile-rank<r>.txt` beside the run's example traces: the step's wall ti
 kernels' summed time and their busy time (on a GPU: the union of kernel intervals over all
 streams; the rest of the wall time is the GPU waiting for the host or for another worker,
 with the longest of those gaps), every NCCL kernel in order with its duration (with several
-workers), and the top operators by device and by host time. `GcTimer`: the time spent in
-Python's garbage collections, which the job logs at every report (`gc_s`)."""
+workers), and the top operators by device and by host time.
+
+Always on, for the job's reports: `SpanTimer` (with several workers, the time a step spends in
+the sharded table's exchanges and waiting for the gradients' all-reduces: `exchange_s`,
+`grad_sync_wait_s`) and `GcTimer` (in Python's garbage collections: `gc_s`)."""
 
 from __future__ import annotations
 
 import gc
 import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -155,3 +160,50 @@ class GcTimer:
     def close(self) -> None:
         if self._time in gc.callbacks:
             gc.callbacks.remove(self._time)
+
+
+class SpanTimer:
+    """Time a step spends in named spans (the sharded table's exchanges, the wait for the
+    gradients' all-reduces), measured where the step's work runs and without the profiler's
+    cost: on a GPU two CUDA events on the current stream per span, so a span's time is the
+    stream's, from reaching the collective to its end (the transfer and the wait for the other
+    workers to join, which the profiler's host overhead inflates); on a CPU the host's clock
+    (gloo's collectives block the host). `take()` reads them: on a GPU it waits for the stream
+    to pass the last span, so call it where the host waits for the GPU anyway."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._seconds: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)  # spans since the last take()
+
+    @contextmanager
+    def span(self, name: str):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((name, start, end))
+        else:
+            begin = time.perf_counter()
+            yield
+            self._seconds[name] += time.perf_counter() - begin
+        self.counts[name] += 1
+
+    def take(self) -> dict[str, float]:
+        """Seconds per span name since the last take()."""
+        if self._events:
+            self._events[-1][2].synchronize()
+            for name, start, end in self._events:
+                self._seconds[name] += start.elapsed_time(end) / 1e3
+        out = dict(self._seconds)
+        self._events.clear()
+        self._seconds.clear()
+        self.counts.clear()
+        return out
+
+
+def span(timer: SpanTimer | None, name: str):
+    """timer.span(name), or nothing without a timer."""
+    return timer.span(name) if timer is not None else nullcontext()

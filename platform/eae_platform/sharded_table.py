@@ -102,7 +102,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +113,7 @@ from eae_model import fused_memory
 from eae_model.constants import NULL_ENTITY as UNLINKED
 from eae_model.entity_table import TableOutput
 from eae_model.fused_memory import block_backward, block_forward, cast_rows, compute_dtype
+from eae_platform.pretrain.profiling import span
 
 
 
@@ -177,7 +177,7 @@ class _Comm:
         if replicate:
             buf = buf.repeat(self.world, 1)
         out = buf.new_empty(sum(recv), buf.shape[1])
-        with self.timer.span("exchange") if self.timer is not None else nullcontext():
+        with span(self.timer, "exchange"):
             dist.all_to_all_single(out, buf, output_split_sizes=recv, input_split_sizes=send, group=self.group)
         result, offset = [], 0
         for dtype, shape, width in specs:

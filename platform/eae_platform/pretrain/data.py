@@ -107,9 +107,14 @@ def _flat(column) -> tuple[np.ndarray, np.ndarray]:
     """A column of per-row integer lists (Ray Data's numpy batch: an object array of arrays,
     or a 2-D array when every row has the same length) -> (all values int64, row lengths)."""
     lengths = np.fromiter((len(x) for x in column), dtype=np.int64, count=len(column))
-    if lengths.sum() == 0:
+    if not len(column):
         return np.zeros(0, np.int64), lengths
     return np.concatenate(list(column)).astype(np.int64, copy=False), lengths
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """For groups of `lengths` items laid end to end: each item's position in its group."""
+    return np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
 def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float, num_entities: int | None,
@@ -130,9 +135,8 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
         if length > pad_to:
             raise ValueError(f"a context of {length} tokens is longer than pad_to={pad_to}")
         length = pad_to
-    # every token's (row, column): rows repeated by their lengths, columns counting within each
-    token_row = np.repeat(np.arange(batch), token_counts)
-    token_col = np.arange(len(tokens)) - np.repeat(np.cumsum(token_counts) - token_counts, token_counts)
+    # every token's (row, column)
+    token_row, token_col = np.repeat(np.arange(batch), token_counts), _offsets(token_counts)
     input_ids = np.zeros((batch, length), dtype=np.int64)
     attention = np.zeros((batch, length), dtype=np.int64)
     labels = np.full((batch, length), IGNORE, dtype=np.int64)
@@ -143,14 +147,13 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
     ends, _ = _flat(rows["mention_ends"])
     entity_ids, _ = _flat(rows["mention_entity_ids"])
     b_ids = np.repeat(np.arange(batch), counts)
-    index = np.arange(len(starts)) - np.repeat(np.cumsum(counts) - counts, counts)  # mention's index in its context
-    masked = mask_draws(seed, epoch, context_ids[b_ids], index) < mask_rate
+    masked = mask_draws(seed, epoch, context_ids[b_ids], _offsets(counts)) < mask_rate  # index in its context
     if len(ends) == len(starts):
         # Only well-placed spans are masked; `validate` below names any other.
         masked &= (starts >= 0) & (starts <= ends) & (ends < token_counts[b_ids])
         span = ends[masked] - starts[masked] + 1
         rows_m = np.repeat(b_ids[masked], span)
-        cols_m = np.repeat(starts[masked], span) + np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
+        cols_m = np.repeat(starts[masked], span) + _offsets(span)
         labels[rows_m, cols_m] = input_ids[rows_m, cols_m]
         input_ids[rows_m, cols_m] = MASK_TOKEN_ID
     if num_entities is not None:

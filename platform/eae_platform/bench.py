@@ -110,7 +110,17 @@ def eae_flops(c: EaEConfig, tokens: int, length: int, mentions: int, masked_toke
 # ----------------------------------------------------------------------------- step
 
 
-def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, compile: bool):
+def _new_step(compile: str | None, device):
+    """What begins each timed step: with CUDA-graph modes, marking a new iteration for
+    torch.compile's CUDA-graph trees (as the pretraining loop's step_marker)."""
+    from eae_platform.pretrain.config import CUDA_GRAPH_MODES
+
+    if compile in CUDA_GRAPH_MODES and device.type == "cuda":
+        return torch.compiler.cudagraph_mark_step_begin
+    return lambda: None
+
+
+def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, compile: str | None):
     torch.manual_seed(0)
     table = None
     if sharded:
@@ -119,9 +129,10 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, c
         table = ShardedEntityTable(config.num_entities, config.entity_dim, device=device,
                                    chunk_rows=config.memory_chunk_rows, memory_impl=config.memory_impl)
     model = EaEModel(config, entity_table=table).to(device).train()
-    if compile:  # the fixed-shape parts; mention-dependent code (memory, heads) stays eager
+    if compile:  # the fixed-shape parts, in torch.compile's mode `compile`; mention-dependent code (memory, heads) stays eager
         for module in (model.token_embed, model.transformer_l0, model.transformer_l1):
-            module.compile()
+            module.compile(mode=compile)
+    new_step = _new_step(compile, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
@@ -131,6 +142,7 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, c
 
     def step():
         optimizer.zero_grad(set_to_none=True)
+        new_step()
         with autocast:
             out = model(ids, mentions=mentions, mlm_labels=labels, validate=False, indices=indices)
         out.loss.backward()
@@ -139,7 +151,7 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, c
     return step, (model, optimizer)
 
 
-def _bert_step(c: EaEConfig, ids, labels, device, compile: bool):
+def _bert_step(c: EaEConfig, ids, labels, device, compile: str | None):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
@@ -149,10 +161,12 @@ def _bert_step(c: EaEConfig, ids, labels, device, compile: bool):
     optimizer = torch.optim.Adam(bert.parameters(), lr=1e-4, fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     mask = torch.ones_like(ids)
-    forward = torch.compile(bert) if compile else bert
+    forward = torch.compile(bert, mode=compile) if compile else bert
+    new_step = _new_step(compile, device)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
+        new_step()
         with autocast:
             loss = forward(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
@@ -162,8 +176,9 @@ def _bert_step(c: EaEConfig, ids, labels, device, compile: bool):
 
 
 def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides: list[str], sharded: bool,
-               bert: bool = True, compile: bool = False) -> dict:
-    """Measure BERT's MLM step and EaE's step (one per memory impl) on one device; print a table."""
+               bert: bool = True, compile: str | None = None) -> dict:
+    """Measure BERT's MLM step and EaE's step (one per memory impl) on one device; print a table.
+    compile: torch.compile's mode for BERT and EaE's stacks (None: eager)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = load_config(preset, overrides=overrides)
     ids, labels, mentions = make_batch(batch, base.max_length, base.num_entities, base.vocab_size, device)
@@ -378,23 +393,25 @@ def run_topk(args: argparse.Namespace) -> int:
 
 
 def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps: int, overrides: list[str],
-                   compile: bool = False, mentions: float = 4.4):
+                   compile: str | None = None, mentions: float = 4.4):
     """On every worker of an initialised process group: time pretraining steps (the loop's
     model, sharded table and gradient sync; compile: the stacks compiled as the job does on
     GPUs) on a synthetic batch with ~`mentions` mentions per context; all workers' figures
     [seconds per step, peak GiB, table state GiB, ms per step in the table's exchanges, ms per
-    step waiting for the gradients' all-reduces after the backward], gathered. On a CPU (gloo;
+    step waiting for the gradients' all-reduces after the backward], gathered. compile:
+    torch.compile's mode (None: eager stacks). On a CPU (gloo;
     the tests) the same code runs in float32 and the peak memory reads 0."""
     import torch.distributed as dist
 
     from eae_platform.pretrain.config import PretrainConfig, TrainConfig
     from eae_platform.pretrain.grad_sync import GradientSync
-    from eae_platform.pretrain.loop import build_model, compile_stacks, sync_and_clip
+    from eae_platform.pretrain.loop import build_model, compile_stacks, step_marker, sync_and_clip
     from eae_platform.pretrain.profiling import SpanTimer
     from eae_platform.pretrain.state import split_params
 
     config = PretrainConfig(load_config(preset, overrides=overrides),
-                            TrainConfig(num_workers=world, batch_size=batch * world, compile=compile))
+                            TrainConfig(num_workers=world, batch_size=batch * world, compile=compile is not None,
+                                        compile_mode=compile or "default"))
     model = compile_stacks(build_model(config).to(device).train(), config)
     replicated, table = split_params(model)
     sync = GradientSync(list(replicated.values()))
@@ -407,9 +424,11 @@ def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps
                                        mentions_per_context=mentions)
 
     indices = TargetIndices.of(labels, mentions)  # as the loop's batches bring them
+    new_step = step_marker(config, device)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
+        new_step()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = model(ids, mentions=mentions, mlm_labels=labels, validate=False, indices=indices).loss
         loss.backward()
@@ -491,10 +510,11 @@ def _launch_ray_train(world: int, preset: str, batch: int, steps: int, overrides
 
 
 def bench_scaling(preset: str, batch: int, steps: int, gpus: list[int], overrides: list[str], ray: bool = False,
-                  compile: bool = False, mentions: float = 4.4) -> dict:
+                  compile: str | None = None, mentions: float = 4.4) -> dict:
     """Data-parallel pretraining steps (sharded table over NCCL, replicated gradients
     all-reduced, as in eae_platform.pretrain.loop) with `batch` contexts per GPU of ~`mentions`
-    mentions each (compile: the stacks compiled, as the job on GPUs), for each GPU count:
+    mentions each (compile: torch.compile's mode for the stacks, as the job on GPUs; None:
+    eager), for each GPU count:
     global tokens/s, scaling vs the first count, memory per GPU, and per step the time in the
     table's exchanges and waiting for the gradients' all-reduces (the slowest worker's; what a
     second GPU adds to the step, without the profiler's host overhead). Workers are launched by
@@ -527,7 +547,7 @@ def bench_scaling(preset: str, batch: int, steps: int, gpus: list[int], override
     first = results[gpus[0]]["tokens_per_s"]
     launcher = "Ray Train (TorchTrainer)" if ray else "torch.multiprocessing"
     print(f"device {device_name(torch.device('cuda'))} x {max(gpus)}: data-parallel steps, {batch} contexts per GPU "
-          f"(~{mentions} mentions each), {'compiled' if compile else 'eager'} stacks, workers launched by {launcher}")
+          f"(~{mentions} mentions each), {f'compiled ({compile})' if compile else 'eager'} stacks, workers launched by {launcher}")
     for world, r in results.items():
         r["scaling"] = r["tokens_per_s"] / first
         print(f"  {world} GPU(s): {r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, {r['scaling']:.2f}x, "

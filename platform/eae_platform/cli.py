@@ -242,6 +242,8 @@ def _entities_add(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from eae_platform.pretrain.config import COMPILE_MODES  # yaml only: the parser stays light
+
     parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -343,8 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "else chunked)")
     st.add_argument("--sharded", action="store_true", help="also EaE with the sharded table (one worker)")
     st.add_argument("--no-bert", action="store_true", help="skip the BERT baseline")
-    st.add_argument("--compile", action="store_true", help="torch.compile BERT (whole model) and EaE's "
-                    "embeddings and transformer stacks (the memory and heads stay eager)")
+    st.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+                    help="torch.compile BERT (whole model) and EaE's embeddings and transformer stacks (the "
+                    "memory and heads stay eager), in torch.compile's MODE (default; reduce-overhead: CUDA graphs)")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an EaEConfig key")
     st.add_argument("--json", help="also write the figures to this JSON file")
     st.set_defaults(func=_bench, run="run_step")
@@ -371,7 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="EaEConfig override (default memory_impl=triton)")
     sc.add_argument("--ray", action="store_true", help="launch the workers with Ray Train (TorchTrainer) "
                     "instead of torch.multiprocessing")
-    sc.add_argument("--compile", action="store_true", help="compile the stacks, as the pretraining job does on GPUs")
+    sc.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+                    help="compile the stacks, as the pretraining job does on GPUs, in torch.compile's MODE "
+                    "(default; reduce-overhead: CUDA graphs, as train.compile_mode)")
     sc.add_argument("--mentions", type=float, default=4.4,
                     help="mentions per context (4.4: the paper's data; the GPU runs' synthetic world: 7.2)")
     sc.add_argument("--json")

@@ -88,10 +88,16 @@ def summarize_run(client, experiment_id: str | None, record: dict, storage: Path
     tps, st = _history(client, rid, "tokens_per_s"), _history(client, rid, "step_time_s")
     # the slowest worker's s/step waiting for its batch, in garbage collections, in the table's
     # exchanges and for the gradients' all-reduces after the backward (the last two: 2+ workers)
-    waits = {key: dict(_history(client, rid, key)) for key in ("data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s")}
+    # and (GPUs) how far the GPU ran behind the host (the least worker's) and the s/step until the
+    # host had launched the window's steps (the step time as runs before gpu_lag_s measured it)
+    waits = {key: dict(_history(client, rid, key))
+             for key in ("data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s", "gpu_lag_s", "launch_time_s")}
     out["windows"] = [{"step": s, "tokens_per_s": round(v), "step_time_s": round(dict(st).get(s, float("nan")), 4),
                        **{key: round(h[s], 4) for key, h in waits.items() if s in h}} for s, v in tps]
     out.update(steady(tps, st, warmup_steps, profiled))
+    launched = steady(tps, _history(client, rid, "launch_time_s"), warmup_steps, profiled)
+    if launched:
+        out["stall_free_launch_time_s"] = launched["stall_free_step_time_s"]
     for key, h in waits.items():  # the median over the windows after the warm-up
         timed = [v for s, v in h.items() if s > warmup_steps]
         if timed:
@@ -144,6 +150,9 @@ def main() -> None:
         if one and r.get("tokens_per_s"):
             r["scaling_vs_1_worker"] = r["tokens_per_s"] / one["tokens_per_s"]
             r["scaling_contexts_vs_1_worker"] = r["workers"] * one["stall_free_step_time_s"] / r["stall_free_step_time_s"]
+            if one.get("stall_free_launch_time_s") and r.get("stall_free_launch_time_s"):  # the earlier runs' measure
+                r["scaling_launched_contexts_vs_1_worker"] = (r["workers"] * one["stall_free_launch_time_s"]
+                                                              / r["stall_free_launch_time_s"])
     summary = {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI"), "log_every": args.log_every,
                "warmup_steps": warmup, "profile_steps": args.profile_steps,
                "batch_per_worker": args.batch, "runs": runs, **({"mlflow_error": error} if error else {})}
@@ -154,6 +163,8 @@ def main() -> None:
               f"over {r.get('steps_timed', 0)} steps, median window {r.get('median_window_step_time_s', float('nan')) * 1e3:.1f} ms, "
               f"{r.get('stall_free_step_time_s', float('nan')) * 1e3:.1f} ms without {len(r.get('stall_windows', []))} stalled windows), "
               f"scaling {r.get('scaling_vs_1_worker', float('nan')):.2f}x (tokens), {r.get('scaling_contexts_vs_1_worker', float('nan')):.2f}x (contexts), table {r.get('table_gib_per_worker', float('nan')):.2f} GiB/worker, "
+              f"until launched {r.get('stall_free_launch_time_s', float('nan')) * 1e3:.1f} ms "
+              f"({r.get('scaling_launched_contexts_vs_1_worker', float('nan')):.2f}x), "
               f"peak {r.get('peak_gpu_gib', float('nan')):.1f} GiB, "
               + "".join(f"{k[7:-3]} {v:.2f} ms/step, " for k, v in r.items() if k.startswith("median_") and k.endswith("_ms"))
               + f"checkpoints {list(r.get('checkpoints', {}))}, "

@@ -56,3 +56,15 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "contexts of up to 128 wordpieces" in result.stderr and "model.max_length=64" in result.stderr
     assert "Started a local Ray instance" not in result.stderr + result.stdout
+
+
+def test_bench_compile_takes_an_optional_mode():
+    from eae_platform.cli import build_parser
+
+    parser = build_parser()
+    for action in ("step", "scaling"):
+        assert parser.parse_args(["bench", action]).compile is None  # eager
+        assert parser.parse_args(["bench", action, "--compile"]).compile == "default"
+        assert parser.parse_args(["bench", action, "--compile", "reduce-overhead"]).compile == "reduce-overhead"
+    result = run("bench", "scaling", "--compile", "fastest")
+    assert result.returncode == 2 and "invalid choice: 'fastest'" in result.stderr

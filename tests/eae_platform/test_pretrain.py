@@ -85,8 +85,14 @@ def test_mlflow_records_the_run(uninterrupted):
     r = client.get_run(summary["mlflow_run_id"])
     assert r.data.params["model.num_entities"] == "3000" and r.data.params["train.max_steps"] == str(STEPS)
     for key in ("loss", "loss_mention", "loss_memory_el", "loss_entity_pred", "loss_mlm", "tokens_per_s", "table_gib_per_worker",
-                "step_time_s", "data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s", "dev_entity_acc", "dev_token_acc", "dev_ppl"):
+                "step_time_s", "launch_time_s", "data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s", "dev_entity_acc",
+                "dev_token_acc", "dev_ppl"):
         assert key in r.data.metrics, key
+    assert "gpu_lag_s" not in r.data.metrics  # measured on GPUs only
+    # each window's clock runs until its steps have finished, past the host's launches
+    launched = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "launch_time_s")}
+    finished = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "step_time_s")}
+    assert launched and launched.keys() == finished.keys() and all(finished[s] >= launched[s] for s in launched)
     artifacts = [a.path for a in client.list_artifacts(r.info.run_id, "checkpoints")]
     assert len(artifacts) == 1
     assert summary["model_uri"] == "models:/eae-test@pretrained"

@@ -256,6 +256,21 @@ def test_gc_timer_counts_the_collections_of_every_thread():
     assert timer.take() == 0.0
 
 
+def test_gpu_lag_is_when_the_gpu_finished_a_step_after_the_host_launched_it():
+    import torch
+
+    from eae_platform.pretrain.profiling import GpuLag, gpu_lags
+
+    # launches ended at host times 1.0, 1.1, 1.2; on the GPU the steps ended 0.25 and 0.1 s
+    # before the last one, which ended at host time 1.5: lags 0.25, 0.3, 0.3
+    assert gpu_lags([1.0, 1.1, 1.2], [0.25, 0.1, 0.0], 1.5) == pytest.approx([0.25, 0.3, 0.3])
+    # a host-bound run: each step ends on the GPU just after its launches
+    assert gpu_lags([1.0, 2.0], [1.0, 0.0], 2.001) == pytest.approx([0.001, 0.001])
+    lag = GpuLag(torch.device("cpu"))  # no GPU: nothing to measure
+    lag.mark()
+    assert lag.take() is None
+
+
 def test_span_timer_sums_each_name_until_taken():
     import torch
 

@@ -99,3 +99,35 @@ def test_transformer_stacks_are_compiled_on_gpus_by_default(use_gpu, compile, ex
     stacks = (model.token_embed, model.transformer_l0, model.transformer_l1)
     assert [m._compiled_call_impl is not None for m in stacks] == [expected] * 3  # nn.Module.compile's marker
     assert all(m._compiled_call_impl is None for m in (model.mention_head, model.entity_memory))
+
+
+@pytest.mark.parametrize("mode,graphs", [("default", False), ("reduce-overhead", True)])
+def test_compile_mode_reaches_the_stacks(mode, graphs):
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    config = load_pretrain_config(preset="tiny", overrides=["train.compile=true", f"train.compile_mode={mode}"])
+    model = loop.compile_stacks(loop.build_model(config), config)
+    for m in (model.token_embed, model.transformer_l0, model.transformer_l1):
+        assert m._compiled_call_impl.get_compiler_config()["triton.cudagraphs"] is graphs
+
+
+def test_steps_mark_new_cuda_graph_iterations_only_with_cuda_graphs():
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    def marker(device, *overrides):
+        return loop.step_marker(load_pretrain_config(preset="tiny", overrides=list(overrides)), torch.device(device))
+
+    mark = torch.compiler.cudagraph_mark_step_begin
+    assert marker("cuda", "train.use_gpu=true", "train.compile_mode=reduce-overhead") is mark
+    assert marker("cuda", "train.compile=true", "train.compile_mode=max-autotune") is mark
+    assert marker("cuda", "train.use_gpu=true") is not mark  # default mode: no CUDA graphs
+    assert marker("cuda", "train.compile=false", "train.compile_mode=reduce-overhead") is not mark  # eager
+    assert marker("cpu", "train.compile=true", "train.compile_mode=reduce-overhead") is not mark
+    marker("cpu")()  # the others do nothing
+
+
+def test_an_unknown_compile_mode_is_refused_with_the_modes():
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    with pytest.raises(ValueError, match="compile_mode must be one of default, reduce-overhead.*got 'fast'"):
+        load_pretrain_config(preset="tiny", overrides=["train.compile_mode=fast"])

@@ -20,6 +20,11 @@ import yaml
 
 from eae_model.config import EaEConfig, coerce_fields, config_from_values, parse_override
 
+# torch.compile's modes (torch._inductor.list_mode_options); the "reduce-overhead" and
+# "max-autotune" ones run the compiled graphs as CUDA graphs on GPUs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 
 @dataclass
 class TrainConfig:
@@ -43,6 +48,9 @@ class TrainConfig:
     # torch.compile the embeddings and both transformer stacks (the memory and heads, whose
     # shapes follow the mention count, stay eager); None: on GPUs
     compile: bool | None = None
+    # torch.compile's mode for them: "reduce-overhead" also captures each stack's forward and
+    # backward as CUDA graphs (one launch each instead of hundreds; on CPUs it compiles as "default")
+    compile_mode: str = "default"
     profile_steps: str | None = None  # "FIRST-LAST": torch.profiler over those steps -> profile-rank<r>.txt
     checkpoint_every: int = 100
     eval_batches: int = 20  # dev batches per evaluation, read once and kept (0: the whole dev split, read each time)
@@ -68,6 +76,8 @@ class TrainConfig:
             parse_steps(self.profile_steps)
         except ValueError as error:
             problems.append(str(error))
+        if self.compile_mode not in COMPILE_MODES:
+            problems.append(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
         if self.prefetch_batches < 0:
             problems.append(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
         if not 0 <= self.mask_rate <= 1 or not 0 <= self.warmup_fraction < 1:

@@ -28,8 +28,8 @@ from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction
 from eae_model.model import EaEModel
 from eae_platform.pretrain import data, state
 from eae_platform.pretrain.grad_sync import GradientSync
-from eae_platform.pretrain.profiling import GcTimer, SpanTimer, StepProfiler, parse_steps
-from eae_platform.pretrain.config import PretrainConfig
+from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler, parse_steps
+from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig
 
 
 def lr_lambda(total_steps: int, warmup_fraction: float):
@@ -58,10 +58,26 @@ def compile_stacks(model: EaEModel, config: PretrainConfig) -> EaEModel:
     batches of one length (pad_to_max_length) keep the compiled graphs static. On an H100
     this took the paper-size step from 98.9 to 80.8 ms (docs/performance.md)."""
     t = config.train
-    if t.use_gpu if t.compile is None else t.compile:
+    if _compiled(t):
         for module in (model.token_embed, model.transformer_l0, model.transformer_l1):
-            module.compile()
+            module.compile(mode=t.compile_mode)
     return model
+
+
+def _compiled(t) -> bool:
+    return t.use_gpu if t.compile is None else t.compile
+
+
+def step_marker(config: PretrainConfig, device: torch.device):
+    """A function to call as each step (and each evaluation batch) begins. With the stacks
+    compiled as CUDA graphs (train.compile_mode reduce-overhead) it tells torch.compile's
+    CUDA-graph trees that a new iteration starts, so each replay may reuse the last one's
+    output memory (the step keeps none of it: its losses and norms are eager tensors);
+    otherwise it does nothing."""
+    t = config.train
+    if _compiled(t) and t.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda":
+        return torch.compiler.cudagraph_mark_step_begin
+    return lambda: None
 
 
 def build_model(config: PretrainConfig) -> EaEModel:
@@ -199,13 +215,15 @@ def dev_batches(config: PretrainConfig, rank: int, world_size: int) -> data.DevB
 
 
 @torch.no_grad()
-def evaluate(model: EaEModel, dev: data.DevBatches, device) -> dict[str, float]:
+def evaluate(model: EaEModel, dev: data.DevBatches, device, new_step=lambda: None) -> dict[str, float]:
     """The paper's Table 2 metrics on the dev split, with the pretraining masking (seeded, so
     every evaluation sees the same masks): entity accuracy of EntityPred on masked linked
-    mentions, token accuracy and perplexity of TokenPred on masked tokens."""
+    mentions, token accuracy and perplexity of TokenPred on masked tokens. new_step:
+    `step_marker`'s, called before each batch."""
     sums = defaultdict(float)
     model.eval()
     for batch in dev:
+        new_step()
         batch = batch.to(device)
         out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,
                     validate=False, indices=batch.indices)  # checked and found by data.collate
@@ -264,6 +282,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
     trace.parent.mkdir(parents=True, exist_ok=True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
     profiler = StepProfiler(parse_steps(t.profile_steps), trace.parent / f"profile-rank{rank}.txt", device)
+    new_step = step_marker(config, device)
     model.train()
     window = defaultdict(float)
     window_start = time.perf_counter()
@@ -287,6 +306,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
         stream = data.prefetch(stream, t.prefetch_batches)
     dev = dev_batches(config, rank, world_size)
     gc_timer = GcTimer()
+    lag = GpuLag(device)  # how far the GPU runs behind the host (gpu_lag_s)
     # With several workers: the step's time in the table's exchanges and in the wait for the
     # gradients' all-reduces, logged per window (exchange_s, grad_sync_wait_s)
     spans = SpanTimer(device) if world_size > 1 else None
@@ -304,6 +324,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
             batch = host.to(device, non_blocking=device.type == "cuda")
             # Before the forward: here its host time runs while the GPU finishes the last step.
             optimizer.zero_grad(set_to_none=True)
+            new_step()
             if counts is not None:
                 model.entity_table.expect(counts)
             with autocast:
@@ -314,6 +335,7 @@ def train_loop_per_worker(config_dict: dict) -> None:
             grad_norm = sync_and_clip(sync, list(replicated.values()), list(table.values()), t.grad_clip, spans)
             optimizer.step()
             scheduler.step()
+            lag.mark()
             profiler.after(progress["step"] + 1)
             with trace.open("a") as f:
                 f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
@@ -338,10 +360,10 @@ def train_loop_per_worker(config_dict: dict) -> None:
             if step % t.log_every == 0 or step == t.max_steps:
                 window["gc_s"] = gc_timer.take()
                 _report(window, window_start, step, scheduler, tracker, world_size,
-                        memory_metrics(list(table.values()), optimizer, device), spans)
+                        memory_metrics(list(table.values()), optimizer, device), spans, lag)
                 window, window_start = defaultdict(float), time.perf_counter()
             if step % t.checkpoint_every == 0 or step == t.max_steps:
-                metrics = evaluate(model, dev, device)
+                metrics = evaluate(model, dev, device, new_step)
                 if spans is not None:
                     spans.take()  # the evaluation's exchanges are no step's
                 if tracker is not None and metrics:
@@ -353,15 +375,22 @@ def train_loop_per_worker(config_dict: dict) -> None:
         tracker.close()
 
 
-def _report(window, window_start, step, scheduler, tracker, world_size, extra=None, spans=None) -> None:
+def _report(window, window_start, step, scheduler, tracker, world_size, extra=None, spans=None,
+            lag: GpuLag | None = None) -> None:
     """Metrics of the window of steps since the last report (tokens/s counts the non-padding
     tokens of all workers; the first window includes start-up: kernel autotuning, the first
-    reads), plus `extra` (memory_metrics) and the window's `spans` (a SpanTimer)."""
+    reads), plus `extra` (memory_metrics), the window's `spans` (a SpanTimer) and `lag` (GpuLag).
+
+    The window's clock stops when the GPU has finished its steps (lag.take() waits for that),
+    not when the host has launched them: a host running ahead of its GPU would otherwise leave
+    the GPU's last lag out of the window (`launch_time_s`, the figure earlier runs reported)."""
     import ray.train
 
+    launched = time.perf_counter() - window_start
+    gpu_lag = lag.take() if lag is not None else None
     seconds = time.perf_counter() - window_start
     n = max(window["steps"], 1)
-    if spans is not None:  # read after the window's clock stopped: on a GPU it waits for the stream
+    if spans is not None:  # after lag.take(): the stream has passed every span
         timed = spans.take()
         window["exchange_s"], window["grad_sync_wait_s"] = timed.get("exchange", 0.0), timed.get("grad_sync_wait", 0.0)
     metrics = {k: float(v) / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
@@ -370,7 +399,10 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
     # its batch, in Python's garbage collections (GcTimer) and in collectives (SpanTimer)
     waits = ("data_wait_s", "gc_s") + (("exchange_s", "grad_sync_wait_s") if spans is not None else ())
     metrics.update(_max_over_workers({key: window[key] / n for key in waits}))
-    metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, lr=scheduler.get_last_lr()[0])
+    if gpu_lag is not None:  # the least of the workers': the most host-bound one
+        metrics.update(_reduce_over_workers({"gpu_lag_s": gpu_lag}, dist.ReduceOp.MIN if _distributed() else None))
+    metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, launch_time_s=launched / n,
+                   lr=scheduler.get_last_lr()[0])
     metrics.update(extra or {})
     if tracker is not None:
         tracker.log_metrics(metrics, step)
@@ -380,6 +412,8 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
               + f" (waiting for data {metrics['data_wait_s']:.3f}, in gc {metrics['gc_s']:.3f})"
               + (f" | exchanges {metrics['exchange_s'] * 1e3:.1f} ms, all-reduce wait {metrics['grad_sync_wait_s'] * 1e3:.1f} ms"
                  if "exchange_s" in metrics else "")
+              + (f" | GPU lag {metrics['gpu_lag_s'] * 1e3:.1f} ms, launched in {metrics['launch_time_s']:.4f} s/step"
+                 if "gpu_lag_s" in metrics else "")
               + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""), flush=True)
     ray.train.report({"step": step, **metrics})
 

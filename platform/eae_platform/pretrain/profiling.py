@@ -9,7 +9,8 @@ workers), and the top operators by device and by host time.
 
 Always on, for the job's reports: `SpanTimer` (with several workers, the time a step spends in
 the sharded table's exchanges and waiting for the gradients' all-reduces: `exchange_s`,
-`grad_sync_wait_s`) and `GcTimer` (in Python's garbage collections: `gc_s`)."""
+`grad_sync_wait_s`), `GcTimer` (in Python's garbage collections: `gc_s`) and, on GPUs, `GpuLag`
+(how far the GPU runs behind the host: `gpu_lag_s`)."""
 
 from __future__ import annotations
 
@@ -202,6 +203,43 @@ class SpanTimer:
         self._seconds.clear()
         self.counts.clear()
         return out
+
+
+class GpuLag:
+    """How far the GPU runs behind the host: per step, the seconds from the host finishing the
+    step's launches (`mark()`) to the GPU finishing the step, averaged over the steps since
+    the last `take()` (the job's `gpu_lag_s`). About a step or more: the host is ahead, its
+    pauses (a collection, another thread holding the interpreter) are absorbed by the queued
+    work. Near the last kernels' own duration: the GPU waits for the host (a host-bound step;
+    with several GPUs a late host also holds the others at the next collective). One CUDA
+    event per step; `take()` waits for the last one, as SpanTimer.take does. On CPUs: None."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._marks: list[tuple[float, torch.cuda.Event]] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append((time.perf_counter(), event))
+
+    def take(self) -> float | None:
+        if not self._marks:
+            return None
+        last = self._marks[-1][1]
+        last.synchronize()
+        done = time.perf_counter()  # the GPU reached the last mark at most this late
+        lags = gpu_lags([h for h, _ in self._marks], [e.elapsed_time(last) / 1e3 for _, e in self._marks], done)
+        self._marks.clear()
+        return sum(lags) / len(lags)
+
+
+def gpu_lags(marked: list[float], before_last: list[float], done: float) -> list[float]:
+    """Host clock times at which steps' launches ended, the GPU's time from each step's end to
+    the last one's (CUDA events), and the host time the last one ended on the GPU -> each step's
+    lag: when the GPU finished it (done - before_last) minus when the host had launched it."""
+    return [done - gap - host for host, gap in zip(marked, before_last)]
 
 
 def span(timer: SpanTimer | None, name: str):

@@ -110,17 +110,9 @@ def eae_flops(c: EaEConfig, tokens: int, length: int, mentions: int, masked_toke
 # ----------------------------------------------------------------------------- step
 
 
-def _new_step(compile: str | None, device):
-    """What begins each timed step: with CUDA-graph modes, marking a new iteration for
-    torch.compile's CUDA-graph trees (as the pretraining loop's step_marker)."""
-    from eae_platform.pretrain.config import CUDA_GRAPH_MODES
-
-    if compile in CUDA_GRAPH_MODES and device.type == "cuda":
-        return torch.compiler.cudagraph_mark_step_begin
-    return lambda: None
-
-
 def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, compile: str | None):
+    from eae_platform.pretrain.loop import compile_modules, cuda_graph_marker
+
     torch.manual_seed(0)
     table = None
     if sharded:
@@ -129,10 +121,9 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, c
         table = ShardedEntityTable(config.num_entities, config.entity_dim, device=device,
                                    chunk_rows=config.memory_chunk_rows, memory_impl=config.memory_impl)
     model = EaEModel(config, entity_table=table).to(device).train()
-    if compile:  # the fixed-shape parts, in torch.compile's mode `compile`; mention-dependent code (memory, heads) stays eager
-        for module in (model.token_embed, model.transformer_l0, model.transformer_l1):
-            module.compile(mode=compile)
-    new_step = _new_step(compile, device)
+    if compile:  # the memory and heads stay eager (their shapes follow the mention count)
+        compile_modules(model, compile)
+    new_step = cuda_graph_marker(compile, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
@@ -154,6 +145,8 @@ def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, c
 def _bert_step(c: EaEConfig, ids, labels, device, compile: str | None):
     from transformers import BertConfig, BertForMaskedLM
 
+    from eae_platform.pretrain.loop import cuda_graph_marker
+
     torch.manual_seed(0)
     bert = BertForMaskedLM(BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                                       num_hidden_layers=c.l0 + c.l1, num_attention_heads=c.num_heads,
@@ -162,7 +155,7 @@ def _bert_step(c: EaEConfig, ids, labels, device, compile: str | None):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     mask = torch.ones_like(ids)
     forward = torch.compile(bert, mode=compile) if compile else bert
-    new_step = _new_step(compile, device)
+    new_step = cuda_graph_marker(compile, device)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -396,11 +389,11 @@ def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps
                    compile: str | None = None, mentions: float = 4.4):
     """On every worker of an initialised process group: time pretraining steps (the loop's
     model, sharded table and gradient sync; compile: the stacks compiled as the job does on
-    GPUs) on a synthetic batch with ~`mentions` mentions per context; all workers' figures
-    [seconds per step, peak GiB, table state GiB, ms per step in the table's exchanges, ms per
-    step waiting for the gradients' all-reduces after the backward], gathered. compile:
-    torch.compile's mode (None: eager stacks). On a CPU (gloo;
-    the tests) the same code runs in float32 and the peak memory reads 0."""
+    GPUs, in torch.compile's mode `compile`; None: eager) on a synthetic batch with ~`mentions`
+    mentions per context; all workers' figures [seconds per step, peak GiB, table state GiB,
+    ms per step in the table's exchanges, ms per step waiting for the gradients' all-reduces
+    after the backward], gathered. On a CPU (gloo; the tests) the same code runs in float32
+    and the peak memory reads 0."""
     import torch.distributed as dist
 
     from eae_platform.pretrain.config import PretrainConfig, TrainConfig

@@ -59,9 +59,15 @@ def compile_stacks(model: EaEModel, config: PretrainConfig) -> EaEModel:
     this took the paper-size step from 98.9 to 80.8 ms (docs/performance.md)."""
     t = config.train
     if _compiled(t):
-        for module in (model.token_embed, model.transformer_l0, model.transformer_l1):
-            module.compile(mode=t.compile_mode)
+        compile_modules(model, t.compile_mode)
     return model
+
+
+def compile_modules(model: EaEModel, mode: str = "default") -> None:
+    """torch.compile, in torch.compile's `mode`, the parts of the model whose shapes do not
+    follow the mention count: the embeddings and both transformer stacks."""
+    for module in (model.token_embed, model.transformer_l0, model.transformer_l1):
+        module.compile(mode=mode)
 
 
 def _compiled(t) -> bool:
@@ -69,13 +75,18 @@ def _compiled(t) -> bool:
 
 
 def step_marker(config: PretrainConfig, device: torch.device):
-    """A function to call as each step (and each evaluation batch) begins. With the stacks
-    compiled as CUDA graphs (train.compile_mode reduce-overhead) it tells torch.compile's
-    CUDA-graph trees that a new iteration starts, so each replay may reuse the last one's
-    output memory (the step keeps none of it: its losses and norms are eager tensors);
-    otherwise it does nothing."""
+    """cuda_graph_marker for the job's config: its compile mode, if it compiles."""
     t = config.train
-    if _compiled(t) and t.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda":
+    return cuda_graph_marker(t.compile_mode if _compiled(t) else None, device)
+
+
+def cuda_graph_marker(mode: str | None, device: torch.device):
+    """A function to call as each step (and each evaluation batch) begins. With modules
+    compiled as CUDA graphs (mode reduce-overhead or max-autotune, on a GPU) it tells
+    torch.compile's CUDA-graph trees that a new iteration starts, so each replay may reuse the
+    last one's output memory (the step keeps none of it: its losses and norms are eager
+    tensors); otherwise (mode None: not compiled) it does nothing."""
+    if mode in CUDA_GRAPH_MODES and device.type == "cuda":
         return torch.compiler.cudagraph_mark_step_begin
     return lambda: None
 

@@ -4,20 +4,24 @@
 with the running top-k.
 
 `tile_top_k` (Triton; CUDA, or CPU under Triton's interpreter), for serving: one fused pass
-over E (eae_model.triton_kernels.tile_top2) keeps, per query and tile of 128 rows, only the
+over E (eae_model.topk_kernels.tile_top2) keeps, per query and tile of 128 rows, only the
 best score, its row and the second-best score; the [M, N] scores never reach memory. Then:
 
 - v, the k-th largest tile maximum, bounds the k-th best score from below (those k maxima
-  are k distinct rows). With eps bounding the pass's float error, every row of the true
-  top-k scores >= tau = v - 2 eps in the pass.
+  are k distinct rows), and so does any v' <= v. With eps bounding the pass's float error,
+  every row of the true top-k scores >= tau = v' - 2 eps in the pass.
 - A tile whose best score is < tau holds none of them; one whose second-best is < tau holds
   at most its best row; only a tile with two scores >= tau ("flagged") must be read whole.
-- The candidates, the best rows of the best k + slack tiles and every row of flagged tiles,
-  are rescored in float32 and their top-k is the answer.
+- The candidates, the best row of every tile above tau and every row of flagged tiles, are
+  rescored in float32 and their top-k is the answer.
+
+The selection runs in one Triton kernel (eae_model.topk_kernels.select_tiles): v' by
+bisection on counts of tile maxima, within 2^-24 of their range below v, then the tiles
+above tau compacted per query.
 
 For random queries about k^2 / (2 N / 128) tiles per query are flagged (0.6 for top-100 of
-1M), so ~180 rows are rescored instead of N. A query whose tiles above tau do not fit the
-k + slack best tiles, or with more flagged tiles than `max_flagged`, is answered by
+1M), so ~180 rows are rescored instead of N. A query with more than k + slack tiles above
+tau, or with more flagged tiles than `max_flagged`, is answered by
 `chunked_top_k` instead (counted in `STATS`): exact either way. (Earlier
 versions and their H100 figures: docs/performance.md.)
 """
@@ -59,12 +63,13 @@ STATS = {"fallbacks": 0}  # queries tile_top_k answered with chunked_top_k (benc
 @torch.no_grad()
 def tile_top_k(
     h: torch.Tensor, E: torch.Tensor, k: int, slack: int = 16, max_flagged: int = 16, query_block: int = 16384,
-    row_norm_max: float | None = None,
+    row_norm_max: float | None = None, kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h [M, d], E [N, d] (bf16 for speed; CUDA, or CPU under TRITON_INTERPRET=1) ->
     (scores [M, k] float32, ids [M, k] int64), sorted descending. row_norm_max: max_j |E_j|,
-    if the caller keeps it (else computed, one pass over E)."""
-    from eae_model.triton_kernels import TILE_ROWS, rescore, tile_top2
+    if the caller keeps it (else computed, one pass over E). kernel: the pass's
+    (topk_kernels.tile_top2)."""
+    from eae_model.topk_kernels import TILE_ROWS, rescore, select_tiles, tile_top2
 
     if h.dtype != E.dtype:
         raise ValueError(f"queries ({h.dtype}) and table ({E.dtype}) must have one dtype: rounding the "
@@ -75,40 +80,34 @@ def tile_top_k(
         return chunked_top_k(h, E, k)
     if row_norm_max is None:
         row_norm_max = float(E.float().norm(dim=1).max()) if N else 0.0
-    out_v, out_i = [], []
+    if not h.shape[0]:
+        return torch.empty(0, k, device=h.device), torch.empty(0, k, dtype=torch.long, device=h.device)
+    blocks = [h[a : a + query_block].contiguous() for a in range(0, h.shape[0], query_block)]
     rows_in_tile = torch.arange(TILE_ROWS, device=h.device)
-    for a in range(0, h.shape[0], query_block):
-        q = h[a : a + query_block].contiguous()
-        tmax, targ, tsec = tile_top2(q, E)  # [Mq, NT] each
-        NT = tmax.shape[1]
-        kt = k + slack
-        best, tiles = tmax.topk(kt, dim=1)  # the best kt tiles, sorted
-        tau = best[:, k - 1] - 2 * error_bound(q, E, row_norm_max)
-        complete = best[:, -1] < tau  # every tile with a score >= tau is among the kt taken
-        above = best >= tau[:, None]
-        flagged = above & (tsec.gather(1, tiles) >= tau[:, None])  # two rows >= tau: read whole
-        n_flagged = flagged.sum(1)
-        F = min(int(n_flagged.max()) if q.shape[0] else 0, max_flagged)
-        ok = complete & (n_flagged <= F)
-        # Candidates: the best row of each tile above tau that is not flagged, and every row of
-        # the (at most F) flagged tiles; N marks "no candidate" (not read, scores -inf).
-        best_rows = torch.where(above & ~flagged, targ.gather(1, tiles).long(), N)
-        cands = [best_rows]
+    out_v, out_i, out_ok = [], [], []
+    passed = tile_top2(blocks[0], E, kernel=kernel)  # [Mq, NT] each
+    for b, q in enumerate(blocks):
+        tmax, targ, tsec = passed
+        # Per query: every tile with a score >= tau, its best row (N where the tile is flagged)
+        # and the flagged tiles; those with more than k + slack tiles above tau fall back.
+        best_rows, flagged, above, n_flagged = select_tiles(tmax, targ, tsec, error_bound(q, E, row_norm_max), k,
+                                                            k + slack, max_flagged, N)
+        F = min(int(n_flagged.max()), max_flagged)  # waits for this block's pass and selection...
+        if b + 1 < len(blocks):  # ...so the next block's pass is queued now: the GPU runs it while
+            passed = tile_top2(blocks[b + 1], E, kernel=kernel)  # this block's candidates are queued
+        cands = [best_rows.long()]
         if F:
-            order = flagged.to(torch.int32).topk(F, dim=1)  # flagged tiles first
-            ftiles = torch.where(order.values.bool(), tiles.gather(1, order.indices), -1)  # [Mq, F]
+            ftiles = flagged[:, :F].long()
             rows = ftiles[:, :, None] * TILE_ROWS + rows_in_tile
             cands.append(torch.where((ftiles[:, :, None] >= 0) & (rows < N), rows, N).flatten(1))
         cand = torch.cat(cands, 1)
-        scores = rescore(q, E, cand)
-        vals, j = scores.topk(k, dim=1)
-        ids = cand.gather(1, j)
-        bad = (~ok).nonzero(as_tuple=True)[0]
-        if bad.numel():
-            STATS["fallbacks"] += bad.numel()
-            vals[bad], ids[bad] = chunked_top_k(q[bad], E, k)
+        vals, j = rescore(q, E, cand).topk(k, dim=1)
         out_v.append(vals)
-        out_i.append(ids)
-    if not out_v:
-        return torch.empty(0, k, device=h.device), torch.empty(0, k, dtype=torch.long, device=h.device)
-    return torch.cat(out_v), torch.cat(out_i)
+        out_i.append(cand.gather(1, j))
+        out_ok.append((above <= k + slack) & (n_flagged <= F))
+    vals, ids = torch.cat(out_v), torch.cat(out_i)
+    bad = (~torch.cat(out_ok)).nonzero(as_tuple=True)[0]  # one wait for all blocks
+    if bad.numel():
+        STATS["fallbacks"] += bad.numel()
+        vals[bad], ids[bad] = chunked_top_k(h[bad], E, k)
+    return vals, ids

@@ -1,6 +1,6 @@
 """Triton kernels for the entity table on GPUs: the fused full-softmax memory (forward and
 recompute backward, the interface of eae_model.fused_memory.block_forward/block_backward) and
-the passes of exact top-k search (eae_model.exact_topk.tile_top_k).
+the helpers the top-k kernels (eae_model.topk_kernels) share.
 
 Shapes are the paper's: few queries (M ~ 1k mentions per step) against many rows (N = 1M),
 d = 256. So the work is split over N, flash-decoding style: a program owns BLOCK_M queries and
@@ -8,7 +8,7 @@ one slice of the rows, keeps a running max, sum and weighted sum for its slice, 
 are merged in PyTorch (a few MB). Programs that share a slice of E are launched next to each
 other (queries vary fastest) so E is read from HBM about once per pass.
 
-Imported only when memory_impl=triton (or the GPU top-k) is used: needs triton and CUDA, or,
+Imported only when memory_impl=triton or the top-k kernels are used: needs triton and CUDA, or,
 for the memory kernels, Triton's interpreter (TRITON_INTERPRET=1 before triton is imported), which
 runs them on CPU tensors with numpy: how the CPU tests check them (tests/eae_model/test_triton_kernels.py).
 """
@@ -295,150 +295,3 @@ def pretune(E: torch.Tensor, M: int, retrieve: bool) -> None:
     dO = torch.randn(M, d, generator=g, device=E.device, dtype=E.dtype) if retrieve else None
     delta = torch.randn(M, generator=g, device=E.device, dtype=torch.float32)
     memory_backward(H, E, dO, lse, delta, need_dh=True)
-
-
-# ----------------------------------------------------------------------------- exact top-k
-
-
-TILE_ROWS = 128  # rows of E per tile: the pass keeps each query's best row and second-best score per tile
-
-# FLAT: one loop over (tile, K chunk) that Triton software-pipelines, the epilogue on each
-# tile's last chunk (the persistent-matmul pattern). RESIDENT: the query block is loaded once
-# and each tile is one whole-K dot. Small tiles with few warps let two programs share an SM,
-# so one program's epilogue overlaps the other's tensor-core work.
-_TILE_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "RESIDENT": res}, num_warps=w, num_stages=st)
-    for bm, bk, res, w, st in [
-        (128, 64, False, 8, 3), (128, 64, False, 8, 4), (128, 64, False, 4, 3), (128, 128, False, 8, 3),
-        (256, 64, False, 8, 3), (64, 64, False, 4, 4),
-        (128, 256, True, 8, 2), (128, 256, True, 8, 3), (64, 256, True, 4, 3),
-    ]
-]
-
-
-_TILE_CONFIGS = _tuned(_TILE_CONFIGS, _TILE_CONFIGS[-1])  # the interpreter's: RESIDENT, any d <= 256
-
-
-def _prune_tile_configs(configs, named_args, **kwargs):
-    """Configs that fit d: FLAT needs BLOCK_K dividing d; RESIDENT keeps [BLOCK_M, d] in
-    registers, so d <= 256."""
-    d = kwargs.get("D", named_args.get("D"))
-    return [c for c in configs if (d <= 256 if c.kwargs["RESIDENT"] else d % c.kwargs["BLOCK_K"] == 0)]
-
-
-@triton.jit
-def _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T: tl.constexpr, MODE: tl.constexpr):
-    """Scores s [BLOCK_M, T] of one tile starting at row n0 -> its best score, best row and
-    second-best score per query. MODE 2 all three; 1 without the second; 0 the best score
-    only (the last two: `eae bench topk`'s measure of what the epilogue costs)."""
-    out = offs_m * NT + n0 // T
-    ok = q_ok & (n0 < end)
-    if MODE == 0:
-        tl.store(TMAX + out, tl.max(s, axis=1), mask=ok)
-    else:
-        best, arg = tl.max(s, axis=1, return_indices=True)
-        tl.store(TMAX + out, best, mask=ok)
-        tl.store(TARG + out, n0 + arg, mask=ok)
-        if MODE == 2:
-            second = tl.max(tl.where(offs_t[None, :] == arg[:, None], -float("inf"), s), axis=1)
-            tl.store(TSEC + out, second, mask=ok)
-
-
-@triton.autotune(configs=_TILE_CONFIGS, key=["M_KEY", "D", "ROWS", "MODE", "PRECISION"],
-                 prune_configs_by={"early_config_prune": _prune_tile_configs})
-@triton.jit
-def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
-                      MODE: tl.constexpr, PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RESIDENT: tl.constexpr):
-    """Program (query block, slice of ROWS = TILES x T rows): for every query and every tile of
-    T rows of E, the best score (TMAX), its row (TARG) and the second-best score (TSEC),
-    [M, NT] each; the scores themselves never leave the chip. The loops run TILES times in
-    every slice, the last slice's extra tiles masked."""
-    pid_m = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_t = tl.arange(0, T)
-    q_ok = offs_m < M
-    start = pid_s * ROWS
-    end = tl.minimum(start + ROWS, N)
-    if RESIDENT:
-        offs_d = tl.arange(0, D)
-        q = tl.load(H + offs_m[:, None] * D + offs_d[None, :], mask=q_ok[:, None], other=0.0)
-        for t in range(0, TILES):
-            n0 = start + t * T
-            offs_n = n0 + offs_t
-            e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
-            s = tl.dot(q, tl.trans(e), input_precision=PRECISION)
-            if n0 + T > end:  # the table's last, partial tile only: two operations per score saved
-                s = tl.where(offs_n[None, :] < end, s, -float("inf"))
-            _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
-    else:
-        KT: tl.constexpr = D // BLOCK_K
-        offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_M, T], tl.float32)
-        for it in range(0, TILES * KT):
-            kk = it % KT
-            n0 = start + (it // KT) * T
-            offs_n = n0 + offs_t
-            a = tl.load(H + offs_m[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=q_ok[:, None], other=0.0)
-            b = tl.load(E + offs_n[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=offs_n[:, None] < end, other=0.0)
-            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
-            if kk == KT - 1:
-                s = acc
-                if n0 + T > end:
-                    s = tl.where(offs_n[None, :] < end, s, -float("inf"))
-                _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
-                acc = tl.zeros([BLOCK_M, T], tl.float32)
-
-
-@triton.jit
-def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Program (query i, block of its candidates): OUT[i, c] = H_i . E_CAND[i, c] in float32
-    (-inf where the candidate id is past the table: such rows are not read)."""
-    i = tl.program_id(0)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_d = tl.arange(0, D)
-    c_ok = offs_c < C
-    ids = tl.load(CAND + i * C + offs_c, mask=c_ok, other=0)
-    valid = c_ok & (ids < N)
-    rows = tl.load(E + ids[:, None].to(tl.int64) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-    q = tl.load(H + i * D + offs_d).to(tl.float32)
-    s = tl.sum(rows.to(tl.float32) * q[None, :], axis=1)
-    tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
-
-
-def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """H [M, d], E [N, d] -> per query and tile of TILE_ROWS rows: (best score [M, NT] fp32,
-    its row id [M, NT] int32, second-best score [M, NT] fp32), NT = ceil(N / TILE_ROWS).
-    mode < 2: see _tile_epilogue (benchmarks only; the missing outputs are left unwritten).
-    (Measured on an H100: storing [NT, M], each tile's store contiguous, made the pass 2%
-    faster but the top-k over tiles 50% slower.)"""
-    _check(H, E)
-    d = H.shape[1]
-    M, N = H.shape[0], E.shape[0]
-    NT = triton.cdiv(N, TILE_ROWS)
-    # About two programs per SM: slices of E side by side for the query blocks.
-    splits = max(1, min(math.ceil(2 * _multiprocessors(H.device) / math.ceil(m_key(M) / 128)), NT))
-    rows = math.ceil(N / splits / 256) * 256  # a multiple of TILE_ROWS
-    splits = math.ceil(N / rows)
-    shape = (M, NT)
-    tmax = torch.empty(shape, device=H.device, dtype=torch.float32)
-    targ = torch.empty(shape, device=H.device, dtype=torch.int32)
-    tsec = torch.empty(shape, device=H.device, dtype=torch.float32)
-    if M:
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-        _tile_top2_kernel[grid](H.contiguous(), E.contiguous(), tmax, targ, tsec, M, m_key(M), N, NT, rows, rows // TILE_ROWS,
-                                D=d, T=TILE_ROWS, MODE=mode,
-                                # float32 tables: exact float32 products (the error bound's premise), not TF32
-                                PRECISION="ieee" if E.dtype == torch.float32 else "tf32")
-    return tmax, targ, tsec
-
-
-def rescore(H: torch.Tensor, E: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
-    """H [M, d], candidate row ids [M, C] (ids >= N: none) -> float32 scores [M, C]."""
-    M, C = cand.shape
-    out = torch.empty(M, C, device=H.device, dtype=torch.float32)
-    if M and C:
-        cand = cand.to(torch.int32).contiguous()
-        _rescore_kernel[(M, triton.cdiv(C, 128))](H.contiguous(), E, cand, out, C, E.shape[0], D=H.shape[1], BLOCK_C=128)
-    return out

@@ -22,6 +22,9 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
+# tests/gpu: kernels with no interpreter (Gluon), checked on a GPU only (scripts/gpu/kernels).
+collect_ignore = [] if os.environ.get("TRITON_INTERPRET") != "1" else ["gpu"]
+
 
 REPO = Path(__file__).resolve().parents[1]
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}

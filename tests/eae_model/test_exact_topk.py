@@ -6,7 +6,7 @@ import torch
 
 from eae_model.exact_topk import STATS, chunked_top_k, error_bound, tile_top_k
 from eae_model.fused_memory import triton_interpreted
-from eae_model.triton_kernels import TILE_ROWS, tile_top2
+from eae_model.topk_kernels import TILE_ROWS, select_tiles, tile_top2
 
 if not triton_interpreted() and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is off and there is no GPU", allow_module_level=True)
@@ -45,16 +45,17 @@ def test_tile_top_k_equals_brute_force(k):
     assert STATS["fallbacks"] == before  # random queries: the shortcut always applies
 
 
-def test_repeated_rows_flag_whole_tiles_and_stay_exact():
+@pytest.mark.parametrize("query_block", [16384, 4])  # one block of queries, or ten (the aimed ones in two)
+def test_repeated_rows_flag_whole_tiles_and_stay_exact(query_block):
     # 300 near-copies of one row (distinct scores, no ties): for the queries aimed at them
     # the whole top-k lies in the same few tiles, every one of them flagged.
     E, h = _table()
     E[1000:1300] = E[7] + 1e-3 * torch.randn(300, E.shape[1], generator=torch.Generator().manual_seed(1)).to(DEVICE)
     h[:5] = E[7] * 40
-    _same(tile_top_k(h, E, 5), chunked_top_k(h, E, 5))
+    _same(tile_top_k(h, E, 5, query_block=query_block), chunked_top_k(h, E, 5))
     # With room for only one flagged tile those queries fall back to the reference: still exact.
     before = STATS["fallbacks"]
-    _same(tile_top_k(h, E, 5, max_flagged=1), chunked_top_k(h, E, 5))
+    _same(tile_top_k(h, E, 5, max_flagged=1, query_block=query_block), chunked_top_k(h, E, 5))
     assert STATS["fallbacks"] - before >= 5
 
 
@@ -76,3 +77,44 @@ def test_mixed_dtypes_are_a_clear_error():
     E, h = _table()
     with pytest.raises(ValueError, match="one dtype"):
         tile_top_k(h.double(), E, 5)
+
+
+def _tile_outputs(M=6, NT=40, seed=0):
+    """tile_top2-like outputs with distinct tile maxima 1/8 apart (so tau = v - 2 eps, eps =
+    0.01, keeps exactly the k best tiles) and second-best scores on either side of tau."""
+    g = torch.Generator().manual_seed(seed)
+    tmax = torch.stack([torch.randperm(NT, generator=g) for _ in range(M)]).float() / 8
+    tsec = tmax - torch.rand(M, NT, generator=g) * 0.05  # >= tau for some of the best tiles
+    targ = torch.randint(0, TILE_ROWS, (M, NT), generator=g, dtype=torch.int32) + torch.arange(NT, dtype=torch.int32) * TILE_ROWS
+    return tmax.to(DEVICE), targ.to(DEVICE), tsec.to(DEVICE), torch.full((M,), 0.01, device=DEVICE)
+
+
+# (tiles, k, group, block, chunk): the bisection over tile maxima or over maxima of 2 or 4 tiles
+# (with a partial last group), in one block or several; the rows whole or in chunks of 16/64.
+@pytest.mark.parametrize("NT, k, group, block, chunk", [(40, 7, 1, 2048, 1024), (40, 7, 1, 8, 16),
+                                                        (256, 2, 4, 2048, 1024), (258, 2, 4, 16, 64), (258, 3, 2, 32, 1024)])
+def test_select_tiles_keeps_the_tiles_above_tau_and_flags_two_rows_above_it(NT, k, group, block, chunk):
+    tmax, targ, tsec, eps = _tile_outputs(NT=NT)
+    N = NT * TILE_ROWS
+    best, flagged, count, nflag = select_tiles(tmax, targ, tsec, eps, k, k + 4, 8, N, group, block, chunk)
+    padded = torch.cat([tmax, tmax[:, -1:].expand(-1, -NT % group)], 1)  # the last group's maximum is its own
+    v = padded.view(tmax.shape[0], -1, group).amax(-1).topk(k, dim=1).values[:, -1:]  # <= the k-th best tile
+    above = tmax >= v - 2 * eps[:, None]
+    flag = above & (tsec >= v - 2 * eps[:, None])
+    assert torch.equal(count.long(), above.sum(1)) and (count >= k).all() and (count <= k + 4).all()
+    assert torch.equal(nflag.long(), flag.sum(1)) and (nflag > 0).any()
+    for i in range(tmax.shape[0]):  # in tile order: the best row of each unflagged tile, N for a flagged one
+        want = torch.where(flag[i][above[i]], N, targ[i][above[i]])
+        n = len(want)
+        assert torch.equal(best[i, :n].sort().values, want.sort().values) and (best[i, n:] == N).all()
+        ftiles = flag[i].nonzero().flatten()
+        assert torch.equal(flagged[i, : len(ftiles)].long(), ftiles) and (flagged[i, len(ftiles):] == -1).all()
+
+
+def test_select_tiles_counts_what_does_not_fit():
+    tmax, targ, tsec, eps = _tile_outputs()
+    tmax[0], tsec[0] = 3.0, 0.0  # every tile of query 0 ties at the top: all 40 are above tau
+    tsec[1] = tmax[1]  # every tile of query 1 is flagged
+    best, flagged, count, nflag = select_tiles(tmax, targ, tsec, eps, 5, 9, 2, 40 * TILE_ROWS, chunk=16)
+    assert count[0] == 40 and count[1] == 5 and nflag[1] == 5  # counted past the slots (9 and 2) they fill
+    assert (best[0] != 40 * TILE_ROWS).all() and (flagged[1] >= 0).all()

@@ -300,8 +300,11 @@ def test_sharded_table_pretunes_neighbouring_buckets_at_first_call(monkeypatch):
     assert table.pretuned == {(True, 64)} and calls.n == {"forward": 2, "backward": 2}
     want = _table_call(plain, full, h, targets)
     assert plain.pretuned == set()
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    for key in want:  # on a GPU the two tables' autotuning may pick other tile sizes: float32 rounding apart
+        if INTERPRETED:
+            assert torch.equal(got[key], want[key]), key
+        else:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
     _table_call(table, full, h, targets)  # a second call tunes nothing ahead
     assert table.pretuned == {(True, 64)}
     _table_call(table, full, h, targets, retrieve=False)  # EntityPred's variant: its first call

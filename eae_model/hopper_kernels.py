@@ -1,0 +1,209 @@
+"""The exact top-k pass (eae_model.topk_kernels.tile_top2's contract) for Hopper GPUs, in Gluon,
+Triton's lower-level dialect: warpgroup MMAs (wgmma), TMA copies and warp specialisation
+written out.
+
+Why not plain Triton: the pass is a matmul whose every 128 x 128 tile of scores is reduced on
+the CUDA cores (best score, its row, second-best score). Triton's pipeliner keeps a wgmma in
+flight across loop iterations only when nothing but the next wgmma reads its result, so one
+tile's reduction and the next tile's MMA run one after the other (docs/performance.md §3).
+
+Here a program owns 128 queries and one slice of the table, in three partitions (CUTLASS's
+"ping-pong" schedule): a loader warp streams tiles of 128 rows of E through a ring of STAGES
+shared-memory buffers by TMA (rows past the table arrive as zeros, so only a slice's last
+tile is masked), and two warpgroups of 64 queries each take turns on the tensor cores: while
+one reduces its tile, the other's wgmma runs. (Measured on an H100, top-100 over 1M x 256,
+16,384 queries: 13.9 ms for the pass against 24.2 ms for the Triton kernel; one warpgroup pair
+overlapping its own next wgmma with its reduction instead took 16.8 ms: ptxas spreads the
+wgmma issue through the reduction.)
+
+Gluon has no interpreter: the CPU tests compile the kernel for sm_90 and check the schedule in
+its machine code; tests/gpu/test_hopper_topk.py checks its results against the Triton pass on a
+Hopper GPU.
+"""
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import _aggregate as aggregate
+
+# (No `from __future__ import annotations`: the aggregate below reads its field types.)
+
+BLOCK_M = 128  # queries per program: two warpgroups of 64
+TILE_ROWS = 128  # rows of E per tile, as in topk_kernels.TILE_ROWS
+STAGES = 2  # tiles in flight: 64 KB each (128 x 256 bf16); with the queries' 64 KB, 192 KB of shared memory
+
+
+@gluon.jit
+def _argmax_combine(v1, i1, v2, i2):
+    first = v1 >= v2  # ties: any best row will do (lanes of a row may pick different ones)
+    return gl.where(first, v1, v2), gl.where(first, i1, i2)
+
+
+@gluon.jit
+def _top2_combine(b1, i1, s1, b2, i2, s2):
+    """(best, a column of it, second-best) of two sets -> of their union. The second-best does
+    not depend on which tied column is kept: every lane of a row gets the same value (masking
+    the argmax column instead would not: lanes that kept different tied columns would mask
+    both and miss the tie)."""
+    first = b1 >= b2
+    return gl.where(first, b1, b2), gl.where(first, i1, i2), gl.maximum(gl.maximum(s1, s2), gl.minimum(b1, b2))
+
+
+@aggregate
+class _Static:
+    """Compile-time settings for the partitions (a plain constexpr argument would reach a
+    warp-specialised partition as a runtime value in Triton 3.6)."""
+    MODE: gl.constexpr
+    STAGES: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, MODE, STAGES):
+        self.MODE = gl.constexpr(MODE)
+        self.STAGES = gl.constexpr(STAGES)
+
+
+@gluon.jit
+def _loader(h_desc, e_desc, q0, q1, bufs, full, empty, q_bar, row0, start, n_tiles, st):
+    """One warp: the two query halves once, then every tile of the slice into the ring, each
+    buffer as soon as both consumers are done with it."""
+    T: gl.constexpr = e_desc.block_type.shape[0]
+    STAGES: gl.constexpr = st.STAGES
+    mbarrier.expect(q_bar, 2 * h_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(h_desc, [row0, 0], q_bar, q0)
+    tma.async_copy_global_to_shared(h_desc, [row0 + h_desc.block_type.shape[0], 0], q_bar, q1)
+    for t in range(n_tiles):
+        b = t % STAGES
+        if t >= STAGES:
+            mbarrier.wait(empty.index(b), (t // STAGES - 1) & 1)
+        mbarrier.expect(full.index(b), e_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(e_desc, [start + t * T, 0], full.index(b), bufs.index(b))
+
+
+@gluon.jit
+def _consumer(C: gl.constexpr, q_half, bufs, full, empty, turn, q_bar, TMAX, TARG, TSEC, M, NT, row0, start, end,
+                 n_tiles, st):
+    """One warpgroup, 64 queries: per tile, wait for its turn on the tensor cores, the wgmma,
+    hand the turn to the other warpgroup, then reduce the tile while the other's wgmma runs."""
+    HALF: gl.constexpr = q_half.type.shape[0]
+    T: gl.constexpr = bufs.type.shape[1]
+    MODE: gl.constexpr = st.MODE
+    STAGES: gl.constexpr = st.STAGES
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, T, 16])
+    offs_m = row0 + C * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma))
+    offs_t = gl.arange(0, T, layout=gl.SliceLayout(0, mma))
+    q_ok = offs_m < M
+    zero = gl.zeros([HALF, T], gl.float32, layout=mma)
+    mbarrier.wait(q_bar, 0)
+    for t in range(n_tiles):
+        b = t % STAGES
+        mbarrier.wait(full.index(b), (t // STAGES) & 1)
+        if C == 0:  # after warpgroup 1's wgmma of the previous tile
+            if t > 0:
+                mbarrier.wait(turn.index(0), (t - 1) & 1)
+        else:  # after warpgroup 0's wgmma of this tile
+            mbarrier.wait(turn.index(1), t & 1)
+        acc = warpgroup_mma(q_half, bufs.index(b).permute((1, 0)), zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(turn.index(1 - C), count=1)
+        mbarrier.arrive(empty.index(b), count=1)
+        # The tile's reduction (inline: a call inside a warp-specialised partition fails to
+        # compile in Triton 3.6). Only a slice's last tile can run past the table.
+        n0 = start + t * T
+        s = gl.where((n0 + offs_t)[None, :] < end, acc, -float("inf"))
+        out = offs_m * NT + n0 // T
+        ok = q_ok & (n0 < end)
+        if MODE == 0:
+            gl.store(TMAX + out, gl.max(s, axis=1), mask=ok)
+        else:
+            cols = gl.zeros_like(s, dtype=gl.int32) + offs_t[None, :]
+            if MODE == 2:
+                best, arg, second = gl.reduce((s, cols, gl.full_like(s, -float("inf"))), 1, _top2_combine)
+                gl.store(TSEC + out, second, mask=ok)
+            else:
+                best, arg = gl.reduce((s, cols), 1, _argmax_combine)
+            gl.store(TMAX + out, best, mask=ok)
+            gl.store(TARG + out, n0 + arg, mask=ok)
+
+
+@gluon.jit
+def _consumer0(q0, q1, bufs, full, empty, turn, q_bar, TMAX, TARG, TSEC, M, NT, row0, start, end, n_tiles, st):
+    _consumer(0, q0, bufs, full, empty, turn, q_bar, TMAX, TARG, TSEC, M, NT, row0, start, end, n_tiles, st)
+
+
+@gluon.jit
+def _consumer1(q0, q1, bufs, full, empty, turn, q_bar, TMAX, TARG, TSEC, M, NT, row0, start, end, n_tiles, st):
+    _consumer(1, q1, bufs, full, empty, turn, q_bar, TMAX, TARG, TSEC, M, NT, row0, start, end, n_tiles, st)
+
+
+@gluon.jit
+def _tile_top2_kernel(h_desc, e_desc, TMAX, TARG, TSEC, M, N, NT, ROWS, MODE: gl.constexpr,
+                               STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Program (2 x 64 queries, slice of ROWS rows of E), three partitions: a loader warp and
+    two warpgroups taking turns on the tensor cores (CUTLASS's "ping-pong" schedule)."""
+    HALF: gl.constexpr = h_desc.block_type.shape[0]
+    row0 = gl.program_id(0) * 2 * HALF
+    start = gl.program_id(1) * ROWS
+    end = gl.minimum(start + ROWS, N)
+    n_tiles = gl.cdiv(end - start, e_desc.block_type.shape[0])
+    q0 = gl.allocate_shared_memory(h_desc.dtype, h_desc.block_type.shape, h_desc.layout)
+    q1 = gl.allocate_shared_memory(h_desc.dtype, h_desc.block_type.shape, h_desc.layout)
+    bufs = gl.allocate_shared_memory(e_desc.dtype, [STAGES] + e_desc.block_type.shape, e_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    mbarrier.init(q_bar, count=1)
+    st = _Static(MODE, STAGES)
+    args = (q0, q1, bufs, full, empty, turn, q_bar, TMAX, TARG, TSEC, M, NT, row0, start, end, n_tiles, st)
+    # The loader is the default partition (the kernel's 4 warps, one thread of which issues the
+    # copies, at few registers); each consumer warpgroup gets 232 registers a thread.
+    gl.warp_specialize([(_loader, (h_desc, e_desc, q0, q1, bufs, full, empty, q_bar, row0, start, n_tiles, st)),
+                        (_consumer0, args), (_consumer1, args)], [4, 4], [232, 232])
+
+
+def supported(H: torch.Tensor, E: torch.Tensor) -> bool:
+    """Whether this pass can run H against E: a Hopper GPU (sm_90), bf16 or fp16, d a multiple
+    of 16 up to 256 (the queries' and two tiles' shared memory), 16-byte aligned rows."""
+    if not (H.is_cuda and E.is_cuda) or torch.cuda.get_device_capability(H.device)[0] != 9:
+        return False
+    d = H.shape[1]
+    return (H.dtype == E.dtype and E.dtype in (torch.bfloat16, torch.float16) and E.shape[1] == d
+            and d % 16 == 0 and d <= 256)
+
+
+def descriptor(x: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor over x [n, d] (contiguous) in blocks of rows x d."""
+    dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([rows, x.shape[1]], dtype)
+    return TensorDescriptor.from_tensor(x, [rows, x.shape[1]], layout)
+
+
+def tile_top2_hopper(H: torch.Tensor, E: torch.Tensor, mode: int = 2, splits: int | None = None):
+    """topk_kernels.tile_top2 on a Hopper GPU: H [M, d], E [N, d] -> per query and tile of 128
+    rows (best score [M, NT] fp32, its row [M, NT] int32, second-best [M, NT] fp32); mode as
+    there. splits: slices of E side by side (default: about three programs per SM in all)."""
+    H, E = H.contiguous(), E.contiguous()
+    M, N = H.shape[0], E.shape[0]
+    NT = triton.cdiv(N, TILE_ROWS)
+    blocks = triton.cdiv(M, BLOCK_M)
+    if splits is None:
+        splits = math.ceil(3 * torch.cuda.get_device_properties(H.device).multi_processor_count / blocks)
+    rows = math.ceil(N / max(1, min(splits, NT)) / 256) * 256  # a multiple of TILE_ROWS
+    splits = math.ceil(N / rows)
+    tmax = torch.empty(M, NT, device=H.device, dtype=torch.float32)
+    targ = torch.empty(M, NT, device=H.device, dtype=torch.int32)
+    tsec = torch.empty(M, NT, device=H.device, dtype=torch.float32)
+    if M:
+        _tile_top2_kernel[(blocks, splits)](descriptor(H, BLOCK_M // 2), descriptor(E, TILE_ROWS), tmax, targ, tsec,
+                                            M, N, NT, rows, MODE=mode, STAGES=STAGES, num_warps=4)
+    return tmax, targ, tsec

@@ -1,0 +1,263 @@
+"""Triton kernels of exact top-k search (eae_model.exact_topk.tile_top_k): the fused pass that
+keeps, per query and tile of TILE_ROWS rows of E, the best score, its row and the second-best
+score (tile_top2; on Hopper GPUs eae_model.hopper_kernels' version of it), the selection of the
+tiles to read from those (select_tiles), and the float32 rescoring of the candidates (rescore).
+
+Compiled on CUDA, or run by Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 before
+triton is imported): how the CPU tests check them (tests/eae_model/test_exact_topk.py).
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from eae_model.triton_kernels import INTERPRET, _check, _multiprocessors, _tuned, m_key
+
+TILE_ROWS = 128  # rows of E per tile: the pass keeps each query's best row and second-best score per tile
+
+# FLAT: one loop over (tile, K chunk) that Triton software-pipelines, the epilogue on each
+# tile's last chunk (the persistent-matmul pattern). RESIDENT: the query block is loaded once
+# and each tile is one whole-K dot. Small tiles with few warps let two programs share an SM,
+# so one program's epilogue overlaps the other's tensor-core work.
+_TILE_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "RESIDENT": res}, num_warps=w, num_stages=st)
+    for bm, bk, res, w, st in [
+        (128, 64, False, 8, 3), (128, 64, False, 8, 4), (128, 64, False, 4, 3), (128, 128, False, 8, 3),
+        (256, 64, False, 8, 3), (64, 64, False, 4, 4),
+        (128, 256, True, 8, 2), (128, 256, True, 8, 3), (64, 256, True, 4, 3),
+    ]
+]
+
+
+_TILE_CONFIGS = _tuned(_TILE_CONFIGS, _TILE_CONFIGS[-1])  # the interpreter's: RESIDENT, any d <= 256
+
+
+def _prune_tile_configs(configs, named_args, **kwargs):
+    """Configs that fit d: FLAT needs BLOCK_K dividing d; RESIDENT keeps [BLOCK_M, d] in
+    registers, so d <= 256."""
+    d = kwargs.get("D", named_args.get("D"))
+    return [c for c in configs if (d <= 256 if c.kwargs["RESIDENT"] else d % c.kwargs["BLOCK_K"] == 0)]
+
+
+@triton.jit
+def _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T: tl.constexpr, MODE: tl.constexpr):
+    """Scores s [BLOCK_M, T] of one tile starting at row n0 -> its best score, best row and
+    second-best score per query. MODE 2 all three; 1 without the second; 0 the best score
+    only (the last two: `eae bench topk`'s measure of what the epilogue costs)."""
+    out = offs_m * NT + n0 // T
+    ok = q_ok & (n0 < end)
+    if MODE == 0:
+        tl.store(TMAX + out, tl.max(s, axis=1), mask=ok)
+    else:
+        best, arg = tl.max(s, axis=1, return_indices=True)
+        tl.store(TMAX + out, best, mask=ok)
+        tl.store(TARG + out, n0 + arg, mask=ok)
+        if MODE == 2:
+            second = tl.max(tl.where(offs_t[None, :] == arg[:, None], -float("inf"), s), axis=1)
+            tl.store(TSEC + out, second, mask=ok)
+
+
+@triton.autotune(configs=_TILE_CONFIGS, key=["M_KEY", "D", "ROWS", "MODE", "PRECISION"],
+                 prune_configs_by={"early_config_prune": _prune_tile_configs})
+@triton.jit
+def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
+                      MODE: tl.constexpr, PRECISION: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RESIDENT: tl.constexpr):
+    """Program (query block, slice of ROWS = TILES x T rows): for every query and every tile of
+    T rows of E, the best score (TMAX), its row (TARG) and the second-best score (TSEC),
+    [M, NT] each; the scores themselves never leave the chip. The loops run TILES times in
+    every slice, the last slice's extra tiles masked."""
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_t = tl.arange(0, T)
+    q_ok = offs_m < M
+    start = pid_s * ROWS
+    end = tl.minimum(start + ROWS, N)
+    if RESIDENT:
+        offs_d = tl.arange(0, D)
+        q = tl.load(H + offs_m[:, None] * D + offs_d[None, :], mask=q_ok[:, None], other=0.0)
+        for t in range(0, TILES):
+            n0 = start + t * T
+            offs_n = n0 + offs_t
+            e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
+            s = tl.dot(q, tl.trans(e), input_precision=PRECISION)
+            if n0 + T > end:  # the table's last, partial tile only: two operations per score saved
+                s = tl.where(offs_n[None, :] < end, s, -float("inf"))
+            _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
+    else:
+        KT: tl.constexpr = D // BLOCK_K
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, T], tl.float32)
+        for it in range(0, TILES * KT):
+            kk = it % KT
+            n0 = start + (it // KT) * T
+            offs_n = n0 + offs_t
+            a = tl.load(H + offs_m[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=q_ok[:, None], other=0.0)
+            b = tl.load(E + offs_n[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=offs_n[:, None] < end, other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+            if kk == KT - 1:
+                s = acc
+                if n0 + T > end:
+                    s = tl.where(offs_n[None, :] < end, s, -float("inf"))
+                _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
+                acc = tl.zeros([BLOCK_M, T], tl.float32)
+
+
+@triton.jit
+def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (query i, block of its candidates): OUT[i, c] = H_i . E_CAND[i, c] in float32
+    (-inf where the candidate id is past the table: such rows are not read)."""
+    i = tl.program_id(0)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, D)
+    c_ok = offs_c < C
+    ids = tl.load(CAND + i * C + offs_c, mask=c_ok, other=0)
+    valid = c_ok & (ids < N)
+    rows = tl.load(E + ids[:, None].to(tl.int64) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+    q = tl.load(H + i * D + offs_d).to(tl.float32)
+    s = tl.sum(rows.to(tl.float32) * q[None, :], axis=1)
+    tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
+
+
+def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2, kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """H [M, d], E [N, d] -> per query and tile of TILE_ROWS rows: (best score [M, NT] fp32,
+    its row id [M, NT] int32, second-best score [M, NT] fp32), NT = ceil(N / TILE_ROWS).
+    mode < 2: see _tile_epilogue (benchmarks only; the missing outputs are left unwritten).
+    kernel: "auto" (eae_model.hopper_kernels' pass on a Hopper GPU where it applies, else this
+    module's), "hopper" (that one, or an error) or "triton".
+    (Measured on an H100: storing [NT, M], each tile's store contiguous, made the pass 2%
+    faster but the top-k over tiles 50% slower.)"""
+    if kernel not in ("auto", "hopper", "triton"):
+        raise ValueError(f"kernel must be auto, hopper or triton, got {kernel!r}")
+    if kernel != "triton" and not INTERPRET:
+        from eae_model import hopper_kernels
+
+        if hopper_kernels.supported(H, E):
+            return hopper_kernels.tile_top2_hopper(H, E, mode)
+    if kernel == "hopper":
+        raise ValueError("the Hopper pass needs a Hopper GPU, bf16 or fp16 tensors and d <= 256, a multiple of 16")
+    _check(H, E)
+    d = H.shape[1]
+    M, N = H.shape[0], E.shape[0]
+    NT = triton.cdiv(N, TILE_ROWS)
+    # About two programs per SM: slices of E side by side for the query blocks.
+    splits = max(1, min(math.ceil(2 * _multiprocessors(H.device) / math.ceil(m_key(M) / 128)), NT))
+    rows = math.ceil(N / splits / 256) * 256  # a multiple of TILE_ROWS
+    splits = math.ceil(N / rows)
+    shape = (M, NT)
+    tmax = torch.empty(shape, device=H.device, dtype=torch.float32)
+    targ = torch.empty(shape, device=H.device, dtype=torch.int32)
+    tsec = torch.empty(shape, device=H.device, dtype=torch.float32)
+    if M:
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
+        _tile_top2_kernel[grid](H.contiguous(), E.contiguous(), tmax, targ, tsec, M, m_key(M), N, NT, rows, rows // TILE_ROWS,
+                                D=d, T=TILE_ROWS, MODE=mode,
+                                # float32 tables: exact float32 products (the error bound's premise), not TF32
+                                PRECISION="ieee" if E.dtype == torch.float32 else "tf32")
+    return tmax, targ, tsec
+
+
+def rescore(H: torch.Tensor, E: torch.Tensor, cand: torch.Tensor, block_c: int = 32, num_warps: int = 4) -> torch.Tensor:
+    """H [M, d], candidate row ids [M, C] (ids >= N: none) -> float32 scores [M, C]. (H100,
+    16,384 queries x 884 candidates, most of them none: 1.16 ms in blocks of 32 candidates,
+    1.46 ms in blocks of 128.)"""
+    M, C = cand.shape
+    out = torch.empty(M, C, device=H.device, dtype=torch.float32)
+    if M and C:
+        cand = cand.to(torch.int32).contiguous()
+        _rescore_kernel[(M, triton.cdiv(C, block_c))](H.contiguous(), E, cand, out, C, E.shape[0], D=H.shape[1],
+                                                      BLOCK_C=block_c, num_warps=num_warps)
+    return out
+
+
+@triton.jit
+def _group_max(T, row, NT, g0, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """[BLOCK]: the maxima of the row's groups g0 .. g0 + BLOCK of GROUP tile maxima each
+    (-inf past the row)."""
+    offs = (g0 + tl.arange(0, BLOCK))[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    return tl.max(tl.load(T + row * NT + offs, mask=offs < NT, other=-float("inf")), axis=1)
+
+
+@triton.jit
+def _count_at_least(T, row, NT, NG, thr, x, BLOCK: tl.constexpr, GROUP: tl.constexpr, SINGLE: tl.constexpr):
+    """How many of the row's NG group maxima are >= thr (x: all of them, when they fit one block)."""
+    if SINGLE:
+        return tl.sum((x >= thr).to(tl.int32), axis=0)
+    n = 0
+    for g0 in range(0, NG, BLOCK):
+        n += tl.sum((_group_max(T, row, NT, g0, BLOCK, GROUP) >= thr).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
+def _select_kernel(TMAX, TARG, TSEC, EPS, BEST, FLAGGED, COUNT, NFLAG, NT, N, K, KT, FMAX,
+                   ITERS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, SINGLE: tl.constexpr,
+                   CHUNK: tl.constexpr):
+    """Program (one query): v, a lower bound within (max - min) / 2^ITERS of the K-th largest
+    of the row's group maxima (each the maximum of GROUP tiles: K groups >= v hold K distinct
+    tiles >= v, so v is <= the K-th largest tile maximum too), by bisection on counts;
+    tau = v - 2 EPS; then every tile whose maximum is >= tau, in order: its best row into BEST
+    (N if the tile is flagged, i.e. its second-best is >= tau too), flagged tiles into
+    FLAGGED; COUNT and NFLAG say how many there were (slots past KT / FMAX are not written)."""
+    row = tl.program_id(0).to(tl.int64)
+    NG = tl.cdiv(NT, GROUP)
+    x = _group_max(TMAX, row, NT, 0, BLOCK, GROUP)
+    lo = tl.min(tl.where(tl.arange(0, BLOCK) < NG, x, float("inf")), axis=0)
+    hi = tl.max(x, axis=0)
+    for g0 in range(BLOCK, NG, BLOCK):  # rows of more than one block of groups
+        y = _group_max(TMAX, row, NT, g0, BLOCK, GROUP)
+        lo = tl.minimum(lo, tl.min(tl.where(g0 + tl.arange(0, BLOCK) < NG, y, float("inf")), axis=0))
+        hi = tl.maximum(hi, tl.max(y, axis=0))
+    # count(>= lo) >= K always; if count(>= hi) >= K too (ties at the top) v is hi itself.
+    lo = tl.where(_count_at_least(TMAX, row, NT, NG, hi, x, BLOCK, GROUP, SINGLE) >= K, hi, lo)
+    for _ in range(ITERS):
+        mid = lo + (hi - lo) * 0.5
+        enough = _count_at_least(TMAX, row, NT, NG, mid, x, BLOCK, GROUP, SINGLE) >= K
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    tau = lo - 2 * tl.load(EPS + row)
+    count = 0
+    nflag = 0
+    for c in range(0, NT, CHUNK):
+        offs = c + tl.arange(0, CHUNK)
+        y = tl.load(TMAX + row * NT + offs, mask=offs < NT, other=-float("inf"))
+        above = y >= tau
+        sec = tl.load(TSEC + row * NT + offs, mask=above, other=-float("inf"))
+        flag = above & (sec >= tau)
+        arg = tl.load(TARG + row * NT + offs, mask=above & ~flag, other=N)
+        pos = count + tl.cumsum(above.to(tl.int32), axis=0) - 1
+        tl.store(BEST + row * KT + pos, tl.where(flag, N, arg), mask=above & (pos < KT))
+        fpos = nflag + tl.cumsum(flag.to(tl.int32), axis=0) - 1
+        tl.store(FLAGGED + row * FMAX + fpos, offs, mask=flag & (fpos < FMAX))
+        count += tl.sum(above.to(tl.int32), axis=0)
+        nflag += tl.sum(flag.to(tl.int32), axis=0)
+    tl.store(COUNT + row, count)
+    tl.store(NFLAG + row, nflag)
+
+
+def select_tiles(tmax: torch.Tensor, targ: torch.Tensor, tsec: torch.Tensor, eps: torch.Tensor, k: int, kt: int,
+                 max_flagged: int, N: int, group: int = 4, block: int = 2048, chunk: int = 1024, iters: int = 20):
+    """tile_top2's outputs [M, NT] and eps [M] (error_bound) -> (best rows [M, kt] int32 (N: none),
+    flagged tiles [M, max_flagged] int32 (-1: none), tiles above tau [M], flagged tiles [M]),
+    as _select_kernel says, its bisection over the maxima of `group` tiles (1, 2 or 4) at a
+    time, `block` of them in registers (all of them for 1M rows). Measured on an H100,
+    16,384 queries x 7,813 tiles: one program of 8 or 16 warps a query over the tile maxima
+    themselves took 2.3-2.9 ms, its block-wide reductions' barriers the cost; group maxima
+    of 4 taken by PyTorch cost 1.06 ms; 4 warps, the maxima taken here, about 1 ms in all."""
+    M, NT = tmax.shape
+    best = torch.full((M, kt), N, device=tmax.device, dtype=torch.int32)
+    flagged = torch.full((M, max_flagged), -1, device=tmax.device, dtype=torch.int32)
+    count = torch.empty(M, device=tmax.device, dtype=torch.int32)
+    nflag = torch.empty(M, device=tmax.device, dtype=torch.int32)
+    if NT < 8 * group * k:  # too few groups per top-k tile: their k-th maximum would cut too low
+        group = 1
+    if M:
+        NG = triton.cdiv(NT, group)
+        block = min(block, triton.next_power_of_2(NG))
+        _select_kernel[(M,)](tmax, targ, tsec, eps.float().contiguous(), best, flagged, count, nflag, NT, N, k, kt,
+                             max_flagged, ITERS=iters, BLOCK=block, GROUP=group, SINGLE=NG <= block,
+                             CHUNK=min(chunk, triton.next_power_of_2(NT)), num_warps=4)
+    return best, flagged, count, nflag

@@ -15,9 +15,10 @@ best score, its row and the second-best score; the [M, N] scores never reach mem
 - The candidates, the best row of every tile above tau and every row of flagged tiles, are
   rescored in float32 and their top-k is the answer.
 
-The selection runs in one Triton kernel (eae_model.topk_kernels.select_tiles): v' by
-bisection on counts of tile maxima, within 2^-24 of their range below v, then the tiles
-above tau compacted per query.
+The selection runs in one Triton kernel (eae_model.topk_kernels.select_tiles): v' is the
+k-th largest maximum of groups of 4 tiles (k groups >= v' hold k distinct rows), found by
+bisection on counts to within 2^-20 of their range below, then the tiles above tau are
+compacted per query. The next block's pass is queued before this block's rescoring.
 
 For random queries about k^2 / (2 N / 128) tiles per query are flagged (0.6 for top-100 of
 1M), so ~180 rows are rescored instead of N. A query with more than k + slack tiles above

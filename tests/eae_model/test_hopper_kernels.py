@@ -3,35 +3,55 @@ so it is compiled for sm_90 here (Triton's own ptxas and cuobjdump) and its mach
 checked for the schedule the kernel is written for. Its results are checked against the Triton
 pass on a Hopper GPU (tests/gpu/test_hopper_topk.py, run by scripts/gpu/kernels)."""
 
+import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
 
 from eae_model import hopper_kernels as hk
 from eae_model.topk_kernels import tile_top2
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Compiled in a process of its own: Triton's interpreter (on in CI, for the other kernels'
+# tests) patches triton.language when it runs a kernel, which breaks Gluon's code generation in
+# the same process; and with a cache of its own, so that every run compiles.
+_COMPILE = """
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+from eae_model import hopper_kernels as hk
+x = torch.zeros(1024, 256, dtype=torch.bfloat16)
+sig = {"h_desc": mangle_type(hk.descriptor(x, hk.BLOCK_M // 2)), "e_desc": mangle_type(hk.descriptor(x, hk.TILE_ROWS)),
+       "TMAX": "*fp32", "TARG": "*i32", "TSEC": "*fp32", "M": "i32", "N": "i32", "NT": "i32", "ROWS": "i32",
+       "MODE": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+src = GluonASTSource(hk._tile_top2_kernel, sig, constexprs={"MODE": 2, "STAGES": hk.STAGES, "num_warps": 4})
+kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+open(sys.argv[1], "wb").write(kernel.asm["cubin"])
+print(json.dumps({"shared": kernel.metadata.shared}))
+"""
 
 
 @pytest.fixture(scope="module")
 def sass(tmp_path_factory):
     """The kernel's SASS for a 256-d bf16 table, MODE 2."""
-    x = torch.zeros(1024, 256, dtype=torch.bfloat16)
-    sig = {"h_desc": mangle_type(hk.descriptor(x, hk.BLOCK_M // 2)), "e_desc": mangle_type(hk.descriptor(x, hk.TILE_ROWS)),
-           "TMAX": "*fp32", "TARG": "*i32", "TSEC": "*fp32", "M": "i32", "N": "i32", "NT": "i32", "ROWS": "i32",
-           "MODE": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
-    src = GluonASTSource(hk._tile_top2_kernel, sig, constexprs={"MODE": 2, "STAGES": hk.STAGES, "num_warps": 4})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    assert kernel.metadata.shared <= 227 * 1024  # fits an H100's shared memory
-    cubin = tmp_path_factory.mktemp("sm90") / "pass.cubin"
-    cubin.write_bytes(kernel.asm["cubin"])
+    tmp = tmp_path_factory.mktemp("sm90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp / "pass.cubin")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["shared"] <= 227 * 1024  # fits an H100's shared memory
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([str(cuobjdump), "-sass", str(tmp / "pass.cubin")], capture_output=True, text=True,
+                          check=True).stdout
 
 
 def test_each_warpgroup_issues_a_tiles_wgmma_at_once_then_waits(sass):

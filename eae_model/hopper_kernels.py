@@ -21,8 +21,6 @@ its machine code; tests/gpu/test_hopper_topk.py checks its results against the T
 Hopper GPU.
 """
 
-import math
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -31,10 +29,11 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
+from eae_model.topk_kernels import TILE_ROWS
+
 # (No `from __future__ import annotations`: the aggregate below reads its field types.)
 
 BLOCK_M = 128  # queries per program: two warpgroups of 64
-TILE_ROWS = 128  # rows of E per tile, as in topk_kernels.TILE_ROWS
 STAGES = 2  # tiles in flight: 64 KB each (128 x 256 bf16); with the queries' 64 KB, 192 KB of shared memory
 
 
@@ -189,22 +188,11 @@ def descriptor(x: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(x, [rows, x.shape[1]], layout)
 
 
-def tile_top2_hopper(H: torch.Tensor, E: torch.Tensor, mode: int = 2, splits: int | None = None):
-    """topk_kernels.tile_top2 on a Hopper GPU: H [M, d], E [N, d] -> per query and tile of 128
-    rows (best score [M, NT] fp32, its row [M, NT] int32, second-best [M, NT] fp32); mode as
-    there. splits: slices of E side by side (default: about three programs per SM in all)."""
-    H, E = H.contiguous(), E.contiguous()
+def tile_top2_into(H: torch.Tensor, E: torch.Tensor, tmax: torch.Tensor, targ: torch.Tensor, tsec: torch.Tensor,
+                   splits: int, rows: int, mode: int = 2) -> None:
+    """topk_kernels.tile_top2's pass on a Hopper GPU, into its outputs [M, NT] (H [M, d] and
+    E [N, d] contiguous; E in `splits` slices of `rows` rows, a multiple of TILE_ROWS)."""
     M, N = H.shape[0], E.shape[0]
-    NT = triton.cdiv(N, TILE_ROWS)
-    blocks = triton.cdiv(M, BLOCK_M)
-    if splits is None:
-        splits = math.ceil(3 * torch.cuda.get_device_properties(H.device).multi_processor_count / blocks)
-    rows = math.ceil(N / max(1, min(splits, NT)) / 256) * 256  # a multiple of TILE_ROWS
-    splits = math.ceil(N / rows)
-    tmax = torch.empty(M, NT, device=H.device, dtype=torch.float32)
-    targ = torch.empty(M, NT, device=H.device, dtype=torch.int32)
-    tsec = torch.empty(M, NT, device=H.device, dtype=torch.float32)
-    if M:
-        _tile_top2_kernel[(blocks, splits)](descriptor(H, BLOCK_M // 2), descriptor(E, TILE_ROWS), tmax, targ, tsec,
-                                            M, N, NT, rows, MODE=mode, STAGES=STAGES, num_warps=4)
-    return tmax, targ, tsec
+    _tile_top2_kernel[(triton.cdiv(M, BLOCK_M), splits)](descriptor(H, BLOCK_M // 2), descriptor(E, TILE_ROWS), tmax,
+                                                         targ, tsec, M, N, tmax.shape[1], rows, MODE=mode,
+                                                         STAGES=STAGES, num_warps=4)

@@ -132,32 +132,42 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2, kernel: str = "au
     faster but the top-k over tiles 50% slower.)"""
     if kernel not in ("auto", "hopper", "triton"):
         raise ValueError(f"kernel must be auto, hopper or triton, got {kernel!r}")
+    hopper = None
     if kernel != "triton" and not INTERPRET:
         from eae_model import hopper_kernels
 
-        if hopper_kernels.supported(H, E):
-            return hopper_kernels.tile_top2_hopper(H, E, mode)
-    if kernel == "hopper":
+        hopper = hopper_kernels if hopper_kernels.supported(H, E) else None
+    if kernel == "hopper" and hopper is None:
         raise ValueError("the Hopper pass needs a Hopper GPU, bf16 or fp16 tensors and d <= 256, a multiple of 16")
-    _check(H, E)
-    d = H.shape[1]
+    if hopper is None:
+        _check(H, E)
     M, N = H.shape[0], E.shape[0]
     NT = triton.cdiv(N, TILE_ROWS)
-    # About two programs per SM: slices of E side by side for the query blocks.
-    splits = max(1, min(math.ceil(2 * _multiprocessors(H.device) / math.ceil(m_key(M) / 128)), NT))
-    rows = math.ceil(N / splits / 256) * 256  # a multiple of TILE_ROWS
-    splits = math.ceil(N / rows)
-    shape = (M, NT)
-    tmax = torch.empty(shape, device=H.device, dtype=torch.float32)
-    targ = torch.empty(shape, device=H.device, dtype=torch.int32)
-    tsec = torch.empty(shape, device=H.device, dtype=torch.float32)
-    if M:
+    tmax = torch.empty(M, NT, device=H.device, dtype=torch.float32)
+    targ = torch.empty(M, NT, device=H.device, dtype=torch.int32)
+    tsec = torch.empty(M, NT, device=H.device, dtype=torch.float32)
+    if not M:
+        return tmax, targ, tsec
+    H, E = H.contiguous(), E.contiguous()
+    if hopper is not None:  # about three programs per SM (one fits at a time)
+        splits, rows = _slices(N, NT, triton.cdiv(M, hopper.BLOCK_M), 3, H.device)
+        hopper.tile_top2_into(H, E, tmax, targ, tsec, splits, rows, mode)
+    else:  # about two programs per SM
+        splits, rows = _slices(N, NT, math.ceil(m_key(M) / 128), 2, H.device)
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), splits)  # noqa: E731
-        _tile_top2_kernel[grid](H.contiguous(), E.contiguous(), tmax, targ, tsec, M, m_key(M), N, NT, rows, rows // TILE_ROWS,
-                                D=d, T=TILE_ROWS, MODE=mode,
+        _tile_top2_kernel[grid](H, E, tmax, targ, tsec, M, m_key(M), N, NT, rows, rows // TILE_ROWS,
+                                D=H.shape[1], T=TILE_ROWS, MODE=mode,
                                 # float32 tables: exact float32 products (the error bound's premise), not TF32
                                 PRECISION="ieee" if E.dtype == torch.float32 else "tf32")
     return tmax, targ, tsec
+
+
+def _slices(N: int, NT: int, blocks: int, per_sm: int, device: torch.device) -> tuple[int, int]:
+    """(slices of E side by side, rows per slice: a multiple of 256, so of TILE_ROWS) for about
+    per_sm programs per SM over `blocks` query blocks."""
+    splits = max(1, min(math.ceil(per_sm * _multiprocessors(device) / blocks), NT))
+    rows = math.ceil(N / splits / 256) * 256
+    return math.ceil(N / rows), rows
 
 
 def rescore(H: torch.Tensor, E: torch.Tensor, cand: torch.Tensor, block_c: int = 32, num_warps: int = 4) -> torch.Tensor:

@@ -22,7 +22,8 @@ compacted per query. The next block's pass is queued before this block's rescori
 
 For random queries about k^2 / (2 N / 128) tiles per query are flagged (0.6 for top-100 of
 1M), so ~180 rows are rescored instead of N. A query with more than k + slack tiles above
-tau, or with more flagged tiles than `max_flagged`, is answered by
+tau, with more flagged tiles than `max_flagged` or with |q| max|E| >= 2^127 (a score could
+overflow), is answered by
 `chunked_top_k` instead (counted in `STATS`): exact either way. (Earlier
 versions and their H100 figures: docs/performance.md.)
 """
@@ -48,14 +49,22 @@ def chunked_top_k(h: torch.Tensor, E: torch.Tensor, k: int, chunk_rows: int = 65
 
 
 def error_bound(h: torch.Tensor, E: torch.Tensor, row_norm_max: float | None = None) -> torch.Tensor:
-    """[M] float32: a bound on |pass score - rescored score| per query. Both are float32 sums
-    of d products, exact for bf16 x bf16 (float32 x float32 products add one rounding each,
+    """[M] float32: a bound on |pass key - rescored score| per query. Both scores are float32
+    sums of d products, exact for bf16 x bf16 (float32 x float32 products add one rounding each,
     inside the slack below): a rounded sum is within
     d 2^-24 sum_i |q_i e_i| <= d 2^-24 |q| max_j |E_j| of the exact value, twice that if the
-    tensor cores truncate instead of rounding; two such sums: d 2^-22 |q| max_j |E_j|."""
+    tensor cores truncate instead of rounding; two such sums: d 2^-22 |q| max_j |E_j|. The
+    pass's key is within KEY_ERROR |score| <= KEY_ERROR |q| max_j |E_j| of its score
+    (eae_model.topk_kernels)."""
     if row_norm_max is None:
         row_norm_max = float(E.float().norm(dim=1).max()) if E.shape[0] else 0.0
-    return h.float().norm(dim=1) * row_norm_max * (h.shape[1] * 2.0**-22) + 1e-30
+    return h.float().norm(dim=1) * row_norm_max * _error_per_norm(h.shape[1]) + 1e-30
+
+
+def _error_per_norm(d: int) -> float:
+    from eae_model.topk_kernels import KEY_ERROR
+
+    return d * 2.0**-22 + KEY_ERROR
 
 
 STATS = {"fallbacks": 0}  # queries tile_top_k answered with chunked_top_k (bench and tests read it)
@@ -85,14 +94,15 @@ def tile_top_k(
         return torch.empty(0, k, device=h.device), torch.empty(0, k, dtype=torch.long, device=h.device)
     blocks = [h[a : a + query_block].contiguous() for a in range(0, h.shape[0], query_block)]
     rows_in_tile = torch.arange(TILE_ROWS, device=h.device)
+    eps_finite = 2.0**127 * _error_per_norm(h.shape[1])  # error_bound at |q| max|E| = 2^127
     out_v, out_i, out_ok = [], [], []
     passed = tile_top2(blocks[0], E, kernel=kernel)  # [Mq, NT] each
     for b, q in enumerate(blocks):
         tmax, targ, tsec = passed
         # Per query: every tile with a score >= tau, its best row (N where the tile is flagged)
         # and the flagged tiles; those with more than k + slack tiles above tau fall back.
-        best_rows, flagged, above, n_flagged = select_tiles(tmax, targ, tsec, error_bound(q, E, row_norm_max), k,
-                                                            k + slack, max_flagged, N)
+        eps = error_bound(q, E, row_norm_max)
+        best_rows, flagged, above, n_flagged = select_tiles(tmax, targ, tsec, eps, k, k + slack, max_flagged, N)
         F = min(int(n_flagged.max()), max_flagged)  # waits for this block's pass and selection...
         if b + 1 < len(blocks):  # ...so the next block's pass is queued now: the GPU runs it while
             passed = tile_top2(blocks[b + 1], E, kernel=kernel)  # this block's candidates are queued
@@ -105,7 +115,8 @@ def tile_top_k(
         vals, j = rescore(q, E, cand).topk(k, dim=1)
         out_v.append(vals)
         out_i.append(cand.gather(1, j))
-        out_ok.append((above <= k + slack) & (n_flagged <= F))
+        # (|q| max|E| >= 2^127: a score may be infinite, its key NaN: the reference answers)
+        out_ok.append((above <= k + slack) & (n_flagged <= F) & (eps < eps_finite))
     vals, ids = torch.cat(out_v), torch.cat(out_i)
     bad = (~torch.cat(out_ok)).nonzero(as_tuple=True)[0]  # one wait for all blocks
     if bad.numel():

@@ -23,6 +23,7 @@ Hopper GPU.
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -34,23 +35,19 @@ from eae_model.topk_kernels import TILE_ROWS
 # (No `from __future__ import annotations`: the aggregate below reads its field types.)
 
 BLOCK_M = 128  # queries per program: two warpgroups of 64
+# key = (score bits & -TILE_ROWS) | column, in one instruction (tiles are TILE_ROWS rows: tile_top2_into)
+_KEY_ASM = gl.constexpr(f"lop3.b32 $0, $1, {-TILE_ROWS}, $2, 0xea;")  # 0xea: (a & b) | c
 STAGES = 2  # tiles in flight: 64 KB each (128 x 256 bf16); with the queries' 64 KB, 192 KB of shared memory
 
 
 @gluon.jit
-def _argmax_combine(v1, i1, v2, i2):
-    first = v1 >= v2  # ties: any best row will do (lanes of a row may pick different ones)
-    return gl.where(first, v1, v2), gl.where(first, i1, i2)
-
-
-@gluon.jit
-def _top2_combine(b1, i1, s1, b2, i2, s2):
-    """(best, a column of it, second-best) of two sets -> of their union. The second-best does
-    not depend on which tied column is kept: every lane of a row gets the same value (masking
-    the argmax column instead would not: lanes that kept different tied columns would mask
-    both and miss the tie)."""
-    first = b1 >= b2
-    return gl.where(first, b1, b2), gl.where(first, i1, i2), gl.maximum(gl.maximum(s1, s2), gl.minimum(b1, b2))
+def _top2_combine(b1, s1, b2, s2):
+    """(best, second-best) of two sets of keys -> of their union. Keys are distinct (the column
+    is in their low bits), so there are no ties to break. The second-best's maxima propagate
+    NaN: then max(s, -inf), the leaf case of the in-thread reduction, folds away (3 ops a
+    score, not 4); a NaN second-best (an infinite score) reads as flagged (select_tiles)."""
+    nan: gl.constexpr = tl.PropagateNan.ALL
+    return gl.maximum(b1, b2), gl.maximum(gl.maximum(s1, s2, propagate_nan=nan), gl.minimum(b1, b2), propagate_nan=nan)
 
 
 @aggregate
@@ -97,6 +94,7 @@ def _consumer(C: gl.constexpr, q_half, bufs, full, empty, turn, q_bar, TMAX, TAR
     offs_t = gl.arange(0, T, layout=gl.SliceLayout(0, mma))
     q_ok = offs_m < M
     zero = gl.zeros([HALF, T], gl.float32, layout=mma)
+    cols = gl.zeros([HALF, T], gl.int32, layout=mma) + offs_t[None, :]
     mbarrier.wait(q_bar, 0)
     for t in range(n_tiles):
         b = t % STAGES
@@ -111,22 +109,25 @@ def _consumer(C: gl.constexpr, q_half, bufs, full, empty, turn, q_bar, TMAX, TAR
         mbarrier.arrive(turn.index(1 - C), count=1)
         mbarrier.arrive(empty.index(b), count=1)
         # The tile's reduction (inline: a call inside a warp-specialised partition fails to
-        # compile in Triton 3.6). Rows past the slice (in its last tile only) score -inf.
+        # compile in Triton 3.6), on keys (topk_kernels' docstring): each score with its column
+        # in its low bits, one LOP3 a score (written as PTX: from plain Triton ptxas
+        # recomputes the columns in the loop, two LOP3s). Rows past the slice (in its last tile
+        # only) score -inf.
         n0 = start + t * T
-        s = gl.where((n0 + offs_t)[None, :] < end, acc, -float("inf"))
         out = offs_m * NT + n0 // T
         ok = q_ok & (n0 < end)
-        if MODE == 0:
-            gl.store(TMAX + out, gl.max(s, axis=1), mask=ok)
+        keys = gl.inline_asm_elementwise(_KEY_ASM, "=r,r,r", [acc.to(gl.int32, bitcast=True), cols], gl.int32,
+                                         is_pure=True, pack=1).to(gl.float32, bitcast=True)
+        if n0 + T > end:
+            keys = gl.where((n0 + offs_t)[None, :] < end, keys, -float("inf"))
+        if MODE == 2:
+            best, second = gl.reduce((keys, gl.full_like(keys, -float("inf"))), 1, _top2_combine)
+            gl.store(TSEC + out, second, mask=ok)
         else:
-            cols = gl.zeros_like(s, dtype=gl.int32) + offs_t[None, :]
-            if MODE == 2:
-                best, arg, second = gl.reduce((s, cols, gl.full_like(s, -float("inf"))), 1, _top2_combine)
-                gl.store(TSEC + out, second, mask=ok)
-            else:
-                best, arg = gl.reduce((s, cols), 1, _argmax_combine)
-            gl.store(TMAX + out, best, mask=ok)
-            gl.store(TARG + out, n0 + arg, mask=ok)
+            best = gl.max(keys, axis=1)
+        gl.store(TMAX + out, best, mask=ok)
+        if MODE > 0:
+            gl.store(TARG + out, n0 + (best.to(gl.int32, bitcast=True) & (T - 1)), mask=ok)
 
 
 @gluon.jit

@@ -3,6 +3,13 @@ keeps, per query and tile of TILE_ROWS rows of E, the best score, its row and th
 score (tile_top2; on Hopper GPUs eae_model.hopper_kernels' version of it), the selection of the
 tiles to read from those (select_tiles), and the float32 rescoring of the candidates (rescore).
 
+The pass reduces keys, not scores: a score's float32 bits with the low log2(TILE_ROWS) = 7
+cleared and its column in the tile put there. A key is within 127 units in the last place of
+the score, under 2^-16 of it (KEY_ERROR, counted by exact_topk.error_bound), the keys of a tile
+are distinct, and the best key carries its own row: its reduction is a maximum and the
+second-best a maximum and a minimum more, where tracking the column took a compare and two
+selects a score and made ties a special case (measured on an H100: docs/performance.md §3).
+
 Compiled on CUDA, or run by Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 before
 triton is imported): how the CPU tests check them (tests/eae_model/test_exact_topk.py).
 """
@@ -16,6 +23,13 @@ import triton.language as tl
 from eae_model.triton_kernels import INTERPRET, _check, _multiprocessors, _tuned, m_key
 
 TILE_ROWS = 128  # rows of E per tile: the pass keeps each query's best row and second-best score per tile
+KEY_ERROR = 2.0**-16  # |key - score| < KEY_ERROR |score| (7 low bits of 23 replaced)
+
+
+def key_scores(keys: torch.Tensor) -> torch.Tensor:
+    """The pass's keys with their column bits cleared: the scores truncated to 16 bits of
+    mantissa (for comparing keys with scores)."""
+    return (keys.view(torch.int32) & -TILE_ROWS).view(torch.float32)
 
 # FLAT: one loop over (tile, K chunk) that Triton software-pipelines, the epilogue on each
 # tile's last chunk (the persistent-matmul pattern). RESIDENT: the query block is loaded once
@@ -43,20 +57,21 @@ def _prune_tile_configs(configs, named_args, **kwargs):
 
 @triton.jit
 def _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T: tl.constexpr, MODE: tl.constexpr):
-    """Scores s [BLOCK_M, T] of one tile starting at row n0 -> its best score, best row and
-    second-best score per query. MODE 2 all three; 1 without the second; 0 the best score
-    only (the last two: `eae bench topk`'s measure of what the epilogue costs)."""
+    """Scores s [BLOCK_M, T] of one tile starting at row n0 -> its best key, best row and
+    second-best key per query (keys: the module docstring). MODE 2 all three; 1 without the
+    second; 0 the best key only (the last two: `eae bench topk`'s measure of what the epilogue
+    costs)."""
     out = offs_m * NT + n0 // T
     ok = q_ok & (n0 < end)
-    if MODE == 0:
-        tl.store(TMAX + out, tl.max(s, axis=1), mask=ok)
-    else:
-        best, arg = tl.max(s, axis=1, return_indices=True)
-        tl.store(TMAX + out, best, mask=ok)
-        tl.store(TARG + out, n0 + arg, mask=ok)
-        if MODE == 2:
-            second = tl.max(tl.where(offs_t[None, :] == arg[:, None], -float("inf"), s), axis=1)
-            tl.store(TSEC + out, second, mask=ok)
+    keys = ((s.to(tl.int32, bitcast=True) & -T) | offs_t[None, :]).to(tl.float32, bitcast=True)
+    if n0 + T > end:  # the table's last, partial tile only
+        keys = tl.where((n0 + offs_t)[None, :] < end, keys, -float("inf"))
+    best = tl.max(keys, axis=1)
+    tl.store(TMAX + out, best, mask=ok)
+    if MODE > 0:
+        tl.store(TARG + out, n0 + (best.to(tl.int32, bitcast=True) & (T - 1)), mask=ok)
+    if MODE == 2:  # keys are distinct: every other one is below the best
+        tl.store(TSEC + out, tl.max(tl.where(keys == best[:, None], -float("inf"), keys), axis=1), mask=ok)
 
 
 @triton.autotune(configs=_TILE_CONFIGS, key=["M_KEY", "D", "ROWS", "MODE", "PRECISION"],
@@ -84,8 +99,6 @@ def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.c
             offs_n = n0 + offs_t
             e = tl.load(E + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < end, other=0.0)
             s = tl.dot(q, tl.trans(e), input_precision=PRECISION)
-            if n0 + T > end:  # the table's last, partial tile only: two operations per score saved
-                s = tl.where(offs_n[None, :] < end, s, -float("inf"))
             _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
     else:
         KT: tl.constexpr = D // BLOCK_K
@@ -99,10 +112,7 @@ def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.c
             b = tl.load(E + offs_n[:, None] * D + kk * BLOCK_K + offs_k[None, :], mask=offs_n[:, None] < end, other=0.0)
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
             if kk == KT - 1:
-                s = acc
-                if n0 + T > end:
-                    s = tl.where(offs_n[None, :] < end, s, -float("inf"))
-                _tile_epilogue(s, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
+                _tile_epilogue(acc, offs_m, offs_t, n0, q_ok, end, TMAX, TARG, TSEC, NT, T, MODE)
                 acc = tl.zeros([BLOCK_M, T], tl.float32)
 
 
@@ -236,7 +246,7 @@ def _select_kernel(TMAX, TARG, TSEC, EPS, BEST, FLAGGED, COUNT, NFLAG, NT, N, K,
         y = tl.load(TMAX + row * NT + offs, mask=offs < NT, other=-float("inf"))
         above = y >= tau
         sec = tl.load(TSEC + row * NT + offs, mask=above, other=-float("inf"))
-        flag = above & (sec >= tau)
+        flag = above & ~(sec < tau)  # a NaN second-best (an infinite score) flags its tile
         arg = tl.load(TARG + row * NT + offs, mask=above & ~flag, other=N)
         pos = count + tl.cumsum(above.to(tl.int32), axis=0) - 1
         tl.store(BEST + row * KT + pos, tl.where(flag, N, arg), mask=above & (pos < KT))

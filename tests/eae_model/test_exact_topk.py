@@ -6,7 +6,7 @@ import torch
 
 from eae_model.exact_topk import STATS, chunked_top_k, error_bound, tile_top_k
 from eae_model.fused_memory import triton_interpreted
-from eae_model.topk_kernels import TILE_ROWS, select_tiles, tile_top2
+from eae_model.topk_kernels import KEY_ERROR, TILE_ROWS, key_scores, select_tiles, tile_top2
 
 if not triton_interpreted() and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is off and there is no GPU", allow_module_level=True)
@@ -28,13 +28,22 @@ def _same(got, want):
 def test_tile_pass_keeps_each_tiles_best_row_and_second_score():
     E, h = _table(N=1000)  # 8 tiles, the last one partial
     E[896:], h = -E[896:].abs(), h.abs()  # the partial tile scores < 0: its missing rows must not count as 0
+    E[129] = E[130] = E[129].abs() * 3  # tied best rows of tile 1: distinct keys, equal scores
     best, arg, second = tile_top2(h, E)
     S = torch.full((h.shape[0], 8 * TILE_ROWS), -torch.inf, device=DEVICE)
     S[:, :1000] = h @ E.T
     top = S.view(h.shape[0], 8, TILE_ROWS).topk(2, dim=2)
-    torch.testing.assert_close(best, top.values[..., 0])
-    torch.testing.assert_close(second, top.values[..., 1])
-    assert torch.equal(arg.long(), top.indices[..., 0] + torch.arange(8, device=DEVICE) * TILE_ROWS)
+    # keys: the scores to within KEY_ERROR, each carrying its own column
+    torch.testing.assert_close(best, top.values[..., 0], rtol=KEY_ERROR, atol=1e-6)
+    torch.testing.assert_close(second, top.values[..., 1], rtol=KEY_ERROR, atol=1e-6)
+    assert (best > second).all() and (best < 0).any()
+    assert torch.equal(arg % TILE_ROWS, best.view(torch.int32) % TILE_ROWS)
+    got = S.gather(1, arg.long())  # the best row: the true best where no other score is within 2^-15 of it
+    clear = top.values[..., 0] - top.values[..., 1] > 2 * KEY_ERROR * top.values[..., 0].abs() + 1e-6
+    want = top.indices[..., 0] + torch.arange(8, device=DEVICE) * TILE_ROWS
+    assert torch.equal(arg.long()[clear], want[clear]) and clear.float().mean() > 0.8  # all but the tie
+    torch.testing.assert_close(got, top.values[..., 0], rtol=2 * KEY_ERROR, atol=1e-6)
+    assert torch.equal(key_scores(best[:, 1]), key_scores(second[:, 1])) and set(arg[:, 1].tolist()) <= {129, 130}
 
 
 @pytest.mark.parametrize("k", [1, 5, 20])
@@ -71,6 +80,14 @@ def test_error_bound_covers_float32_rounding():
     exact = h.double() @ E.double().T
     rounded = h @ E.T
     assert ((rounded.double() - exact).abs() <= error_bound(h, E)[:, None].double()).all()
+
+
+def test_queries_whose_scores_could_overflow_are_answered_by_the_reference():
+    E, h = _table()
+    h[3] *= 2.0**125  # |q| max|E| >= 2^127: the pass's keys could be NaN
+    before = STATS["fallbacks"]
+    _same(tile_top_k(h, E, 5), chunked_top_k(h, E, 5))
+    assert STATS["fallbacks"] - before == 1
 
 
 def test_mixed_dtypes_are_a_clear_error():
@@ -118,3 +135,12 @@ def test_select_tiles_counts_what_does_not_fit():
     best, flagged, count, nflag = select_tiles(tmax, targ, tsec, eps, 5, 9, 2, 40 * TILE_ROWS, chunk=16)
     assert count[0] == 40 and count[1] == 5 and nflag[1] == 5  # counted past the slots (9 and 2) they fill
     assert (best[0] != 40 * TILE_ROWS).all() and (flagged[1] >= 0).all()
+
+
+def test_select_tiles_flags_a_tile_whose_second_best_is_nan():
+    tmax, targ, tsec, eps = _tile_outputs()
+    top = tmax.argmax(1)
+    tsec[torch.arange(tmax.shape[0]), top] = torch.nan  # an infinite score's key
+    _, flagged, _, nflag = select_tiles(tmax, targ, tsec, eps, 5, 9, 8, 40 * TILE_ROWS)
+    assert (flagged == top[:, None]).any(1).all()
+

@@ -5,7 +5,8 @@ with the running top-k.
 
 `tile_top_k` (Triton; CUDA, or CPU under Triton's interpreter), for serving: one fused pass
 over E (eae_model.topk_kernels.tile_top2) keeps, per query and tile of 128 rows, only the
-best score, its row and the second-best score; the [M, N] scores never reach memory. Then:
+best score, its row and the second-best score (as keys within KEY_ERROR of the scores); the
+[M, N] scores never reach memory. Then:
 
 - v, the k-th largest tile maximum, bounds the k-th best score from below (those k maxima
   are k distinct rows), and so does any v' <= v. With eps bounding the pass's float error,
@@ -15,17 +16,17 @@ best score, its row and the second-best score; the [M, N] scores never reach mem
 - The candidates, the best row of every tile above tau and every row of flagged tiles, are
   rescored in float32 and their top-k is the answer.
 
-The selection runs in one Triton kernel (eae_model.topk_kernels.select_tiles): v' is the
-k-th largest maximum of groups of 4 tiles (k groups >= v' hold k distinct rows), found by
-bisection on counts to within 2^-20 of their range below, then the tiles above tau are
-compacted per query. The next block's pass is queued before this block's rescoring.
+Two more Triton kernels (eae_model.topk_kernels): select_tiles finds v', the k-th largest
+maximum of groups of 4 tiles (k groups >= v' hold k distinct rows), by bisection on counts to
+within 2^-20 of their range below, and compacts the groups above tau and then their tiles
+above it; rescore_top_k rescores each query's candidates and keeps their top k. Nothing
+waits for the GPU until every block of queries is queued.
 
 For random queries about k^2 / (2 N / 128) tiles per query are flagged (0.6 for top-100 of
 1M), so ~180 rows are rescored instead of N. A query with more than k + slack tiles above
 tau, with more flagged tiles than `max_flagged` or with |q| max|E| >= 2^127 (a score could
-overflow), is answered by
-`chunked_top_k` instead (counted in `STATS`): exact either way. (Earlier
-versions and their H100 figures: docs/performance.md.)
+overflow) is answered by `chunked_top_k` instead (counted in `STATS`): exact either way.
+(Earlier versions and their H100 figures: docs/performance.md.)
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def tile_top_k(
     (scores [M, k] float32, ids [M, k] int64), sorted descending. row_norm_max: max_j |E_j|,
     if the caller keeps it (else computed, one pass over E). kernel: the pass's
     (topk_kernels.tile_top2)."""
-    from eae_model.topk_kernels import TILE_ROWS, rescore, select_tiles, tile_top2
+    from eae_model.topk_kernels import TILE_ROWS, rescore_top_k, select_tiles, tile_top2
 
     if h.dtype != E.dtype:
         raise ValueError(f"queries ({h.dtype}) and table ({E.dtype}) must have one dtype: rounding the "
@@ -92,31 +93,21 @@ def tile_top_k(
         row_norm_max = float(E.float().norm(dim=1).max()) if N else 0.0
     if not h.shape[0]:
         return torch.empty(0, k, device=h.device), torch.empty(0, k, dtype=torch.long, device=h.device)
-    blocks = [h[a : a + query_block].contiguous() for a in range(0, h.shape[0], query_block)]
-    rows_in_tile = torch.arange(TILE_ROWS, device=h.device)
     eps_finite = 2.0**127 * _error_per_norm(h.shape[1])  # error_bound at |q| max|E| = 2^127
     out_v, out_i, out_ok = [], [], []
-    passed = tile_top2(blocks[0], E, kernel=kernel)  # [Mq, NT] each
-    for b, q in enumerate(blocks):
-        tmax, targ, tsec = passed
+    for a in range(0, h.shape[0], query_block):  # queued without waiting: the GPU runs them back to back
+        q = h[a : a + query_block].contiguous()
+        tmax, targ, tsec = tile_top2(q, E, kernel=kernel)  # [Mq, NT] each
         # Per query: every tile with a score >= tau, its best row (N where the tile is flagged)
-        # and the flagged tiles; those with more than k + slack tiles above tau fall back.
+        # and the flagged tiles; then the top k of those rows, rescored.
         eps = error_bound(q, E, row_norm_max)
         best_rows, flagged, above, n_flagged = select_tiles(tmax, targ, tsec, eps, k, k + slack, max_flagged, N)
-        F = min(int(n_flagged.max()), max_flagged)  # waits for this block's pass and selection...
-        if b + 1 < len(blocks):  # ...so the next block's pass is queued now: the GPU runs it while
-            passed = tile_top2(blocks[b + 1], E, kernel=kernel)  # this block's candidates are queued
-        cands = [best_rows.long()]
-        if F:
-            ftiles = flagged[:, :F].long()
-            rows = ftiles[:, :, None] * TILE_ROWS + rows_in_tile
-            cands.append(torch.where((ftiles[:, :, None] >= 0) & (rows < N), rows, N).flatten(1))
-        cand = torch.cat(cands, 1)
-        vals, j = rescore(q, E, cand).topk(k, dim=1)
+        vals, ids = rescore_top_k(q, E, best_rows, flagged, n_flagged, k)
         out_v.append(vals)
-        out_i.append(cand.gather(1, j))
-        # (|q| max|E| >= 2^127: a score may be infinite, its key NaN: the reference answers)
-        out_ok.append((above <= k + slack) & (n_flagged <= F) & (eps < eps_finite))
+        out_i.append(ids)
+        # Too many tiles above tau or flagged, or |q| max|E| >= 2^127 (a score may be infinite,
+        # its key NaN): the reference answers.
+        out_ok.append((above <= k + slack) & (n_flagged <= max_flagged) & (eps < eps_finite))
     vals, ids = torch.cat(out_v), torch.cat(out_i)
     bad = (~torch.cat(out_ok)).nonzero(as_tuple=True)[0]  # one wait for all blocks
     if bad.numel():

@@ -11,10 +11,12 @@ Here a program owns 128 queries and one slice of the table, in three partitions 
 "ping-pong" schedule): a loader streams tiles of 128 rows of E through a ring of STAGES
 shared-memory buffers by TMA (rows past the table arrive as zeros and are masked), and two
 warpgroups of 64 queries each take turns on the tensor cores: while one reduces its tile, the
-other's wgmma runs. (Measured on H100s, top-100 over 1M x 256, 16,384 queries: 13.9-15.1 ms
-for the pass against 23.8-25.7 ms for the Triton kernel in the same runs; one warpgroup pair
-overlapping its own next wgmma with its reduction instead took 16.8 ms: ptxas spreads the
-wgmma issue through the reduction.)
+other's wgmma runs. The reduction is over keys (topk_kernels' docstring), four operations a
+score. (Measured on H100s, top-100 over 1M x 256, 16,384 queries: 12.2-13.4 ms for the pass
+against 25.1-26.3 ms for the Triton kernel in the same runs; 13.9-15.1 ms with a top-2 that
+tracked the column, seven operations a score; one warpgroup pair overlapping its own next
+wgmma with its reduction instead took 16.8 ms: ptxas spreads the wgmma issue through the
+reduction.)
 
 Gluon has no interpreter: the CPU tests compile the kernel for sm_90 and check the schedule in
 its machine code; tests/gpu/test_hopper_topk.py checks its results against the Triton pass on a

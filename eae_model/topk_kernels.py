@@ -1,7 +1,8 @@
 """Triton kernels of exact top-k search (eae_model.exact_topk.tile_top_k): the fused pass that
 keeps, per query and tile of TILE_ROWS rows of E, the best score, its row and the second-best
 score (tile_top2; on Hopper GPUs eae_model.hopper_kernels' version of it), the selection of the
-tiles to read from those (select_tiles), and the float32 rescoring of the candidates (rescore).
+tiles to read from those (select_tiles), and the float32 rescoring of the candidates with their
+top k (rescore_top_k).
 
 The pass reduces keys, not scores: a score's float32 bits with the low log2(TILE_ROWS) = 7
 cleared and its column in the tile put there. A key is within 127 units in the last place of
@@ -116,25 +117,10 @@ def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.c
                 acc = tl.zeros([BLOCK_M, T], tl.float32)
 
 
-@triton.jit
-def _rescore_kernel(H, E, CAND, OUT, C, N, D: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Program (query i, block of its candidates): OUT[i, c] = H_i . E_CAND[i, c] in float32
-    (-inf where the candidate id is past the table: such rows are not read)."""
-    i = tl.program_id(0)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_d = tl.arange(0, D)
-    c_ok = offs_c < C
-    ids = tl.load(CAND + i * C + offs_c, mask=c_ok, other=0)
-    valid = c_ok & (ids < N)
-    rows = tl.load(E + ids[:, None].to(tl.int64) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-    q = tl.load(H + i * D + offs_d).to(tl.float32)
-    s = tl.sum(rows.to(tl.float32) * q[None, :], axis=1)
-    tl.store(OUT + i * C + offs_c, tl.where(valid, s, -float("inf")), mask=c_ok)
-
-
 def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2, kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """H [M, d], E [N, d] -> per query and tile of TILE_ROWS rows: (best score [M, NT] fp32,
-    its row id [M, NT] int32, second-best score [M, NT] fp32), NT = ceil(N / TILE_ROWS).
+    """H [M, d], E [N, d] -> per query and tile of TILE_ROWS rows: (best key [M, NT] fp32,
+    its row id [M, NT] int32, second-best key [M, NT] fp32), NT = ceil(N / TILE_ROWS); keys:
+    the module docstring (key_scores clears their column bits).
     mode < 2: see _tile_epilogue (benchmarks only; the missing outputs are left unwritten).
     kernel: "auto" (eae_model.hopper_kernels' pass on a Hopper GPU where it applies, else this
     module's), "hopper" (that one, or an error) or "triton".
@@ -180,25 +166,82 @@ def _slices(N: int, NT: int, blocks: int, per_sm: int, device: torch.device) -> 
     return math.ceil(N / rows), rows
 
 
-def rescore(H: torch.Tensor, E: torch.Tensor, cand: torch.Tensor, block_c: int = 32, num_warps: int = 4) -> torch.Tensor:
-    """H [M, d], candidate row ids [M, C] (ids >= N: none) -> float32 scores [M, C]. (H100,
-    16,384 queries x 884 candidates, most of them none: 1.16 ms in blocks of 32 candidates,
-    1.46 ms in blocks of 128.)"""
-    M, C = cand.shape
-    out = torch.empty(M, C, device=H.device, dtype=torch.float32)
-    if M and C:
-        cand = cand.to(torch.int32).contiguous()
-        _rescore_kernel[(M, triton.cdiv(C, block_c))](H.contiguous(), E, cand, out, C, E.shape[0], D=H.shape[1],
-                                                      BLOCK_C=block_c, num_warps=num_warps)
-    return out
+@triton.jit
+def _scored_keys(H, E, row, ids, ok, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """int64 keys of candidate rows ids [C] (ok: which are candidates) for query `row`: the
+    float32 score H_row . E_id (exact for bf16, a sum of d products) made an order-preserving
+    int32 in the high half, the id in the low (so keys are distinct); the int64 minimum for none."""
+    s = tl.zeros(ids.shape, tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        q = tl.load(H + row * D + offs_d).to(tl.float32)
+        e = tl.load(E + ids[:, None].to(tl.int64) * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+        s += tl.sum(e.to(tl.float32) * q[None, :], axis=1)
+    bits = s.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits flipped
+    return tl.where(ok, (ordered.to(tl.int64) << 32) | ids.to(tl.int64), -9223372036854775808)
+
+
+@triton.jit
+def _rescore_top_k_kernel(H, E, BEST, FLAGGED, NFLAG, KEYS, VALS, IDS, N, KT, FMAX, K,
+                          D: tl.constexpr, T: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr):
+    """Program (one query): its candidates, the best rows BEST[row, :KT] (N: none) and every row
+    of its flagged tiles FLAGGED[row, :NFLAG], rescored in float32 as keys (_scored_keys) into
+    KEYS[row], T at a time; then each key's rank among them all (how many keys are larger:
+    all pairs, T x T at a time) places the K largest into VALS and IDS, in descending order."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, T)
+    C = tl.cdiv(KT, T) * T + tl.minimum(tl.load(NFLAG + row), FMAX) * T  # candidate slots in KEYS[row]
+    CMAX = tl.cdiv(KT, T) * T + FMAX * T
+    for c0 in range(0, KT, T):
+        ids = tl.load(BEST + row * KT + c0 + offs, mask=c0 + offs < KT, other=N)
+        tl.store(KEYS + row * CMAX + c0 + offs, _scored_keys(H, E, row, ids, ids < N, D, BLOCK_D))
+    for c0 in range(tl.cdiv(KT, T) * T, C, T):
+        ids = tl.load(FLAGGED + row * FMAX + (c0 // T - tl.cdiv(KT, T))) * T + offs
+        tl.store(KEYS + row * CMAX + c0 + offs, _scored_keys(H, E, row, ids, ids < N, D, BLOCK_D))
+    tl.debug_barrier()  # KEYS written by all of this program's threads before they read it
+    for a in range(0, C, T):
+        key = tl.load(KEYS + row * CMAX + a + offs)
+        rank = tl.zeros([T], tl.int32)
+        for b in range(0, C, PAIRS):  # [T, PAIRS] comparisons at a time: [T, T] int64 spilled
+            other = tl.load(KEYS + row * CMAX + b + tl.arange(0, PAIRS))
+            rank += tl.sum((other[None, :] > key[:, None]).to(tl.int32), axis=1)
+        ordered = (key >> 32).to(tl.int32)
+        score = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        keep = (rank < K) & (key != -9223372036854775808)
+        tl.store(VALS + row * K + rank, score, mask=keep)
+        tl.store(IDS + row * K + rank, key & 0x7FFFFFFF, mask=keep)  # ids < 2^31
+
+
+def rescore_top_k(H: torch.Tensor, E: torch.Tensor, best: torch.Tensor, flagged: torch.Tensor, nflag: torch.Tensor,
+                  k: int, block_d: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """select_tiles' candidates for H [M, d] -> (scores [M, k] float32, ids [M, k] int64), the
+    top k of them by float32 score, sorted descending (k <= the candidates: select_tiles
+    keeps at least k tiles, each with a row). One program a query, none padded to the
+    block's largest count of flagged tiles; ranks by all pairs, not a sort (Triton's bitonic
+    sort, tl.topk, runs its swaps as reductions with a Python combine under the interpreter:
+    ~1 s a merge there)."""
+    M, D = H.shape
+    KT, FMAX = best.shape[1], flagged.shape[1]
+    vals = torch.empty(M, k, device=H.device, dtype=torch.float32)
+    ids = torch.empty(M, k, device=H.device, dtype=torch.int64)
+    if M:
+        keys = torch.empty(M, (triton.cdiv(KT, TILE_ROWS) + FMAX) * TILE_ROWS, device=H.device, dtype=torch.int64)
+        _rescore_top_k_kernel[(M,)](H.contiguous(), E, best, flagged, nflag, keys, vals, ids, E.shape[0], KT, FMAX, k,
+                                    D=D, T=TILE_ROWS, BLOCK_D=min(block_d, D), PAIRS=32, num_warps=4)
+    return vals, ids
 
 
 @triton.jit
 def _group_max(T, row, NT, g0, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     """[BLOCK]: the maxima of the row's groups g0 .. g0 + BLOCK of GROUP tile maxima each
-    (-inf past the row)."""
-    offs = (g0 + tl.arange(0, BLOCK))[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    return tl.max(tl.load(T + row * NT + offs, mask=offs < NT, other=-float("inf")), axis=1)
+    (-inf past the row). (One load a member of the groups: a [BLOCK, GROUP] load held a
+    pointer per element and took every register, two programs an SM.)"""
+    offs = (g0 + tl.arange(0, BLOCK)) * GROUP
+    x = tl.load(T + row * NT + offs, mask=offs < NT, other=-float("inf"))
+    for j in tl.static_range(1, GROUP):
+        x = tl.maximum(x, tl.load(T + row * NT + offs + j, mask=offs + j < NT, other=-float("inf")))
+    return x
 
 
 @triton.jit
@@ -213,15 +256,17 @@ def _count_at_least(T, row, NT, NG, thr, x, BLOCK: tl.constexpr, GROUP: tl.const
 
 
 @triton.jit
-def _select_kernel(TMAX, TARG, TSEC, EPS, BEST, FLAGGED, COUNT, NFLAG, NT, N, K, KT, FMAX,
+def _select_kernel(TMAX, TARG, TSEC, EPS, GROUPS, BEST, FLAGGED, COUNT, NFLAG, NT, N, K, KT, FMAX,
                    ITERS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, SINGLE: tl.constexpr,
-                   CHUNK: tl.constexpr):
+                   GMAX: tl.constexpr):
     """Program (one query): v, a lower bound within (max - min) / 2^ITERS of the K-th largest
     of the row's group maxima (each the maximum of GROUP tiles: K groups >= v hold K distinct
     tiles >= v, so v is <= the K-th largest tile maximum too), by bisection on counts;
-    tau = v - 2 EPS; then every tile whose maximum is >= tau, in order: its best row into BEST
+    tau = v - 2 EPS; then the groups whose maximum is >= tau (GMAX of them at most, >= KT)
+    into GROUPS, and of their tiles every one whose maximum is >= tau: its best row into BEST
     (N if the tile is flagged, i.e. its second-best is >= tau too), flagged tiles into
-    FLAGGED; COUNT and NFLAG say how many there were (slots past KT / FMAX are not written)."""
+    FLAGGED. COUNT: how many tiles were above tau (or groups, if more than GMAX: then over KT
+    either way); NFLAG: how many were flagged (slots past KT / FMAX are not written)."""
     row = tl.program_id(0).to(tl.int64)
     NG = tl.cdiv(NT, GROUP)
     x = _group_max(TMAX, row, NT, 0, BLOCK, GROUP)
@@ -239,34 +284,48 @@ def _select_kernel(TMAX, TARG, TSEC, EPS, BEST, FLAGGED, COUNT, NFLAG, NT, N, K,
         lo = tl.where(enough, mid, lo)
         hi = tl.where(enough, hi, mid)
     tau = lo - 2 * tl.load(EPS + row)
-    count = 0
-    nflag = 0
-    for c in range(0, NT, CHUNK):
-        offs = c + tl.arange(0, CHUNK)
-        y = tl.load(TMAX + row * NT + offs, mask=offs < NT, other=-float("inf"))
-        above = y >= tau
-        sec = tl.load(TSEC + row * NT + offs, mask=above, other=-float("inf"))
-        flag = above & ~(sec < tau)  # a NaN second-best (an infinite score) flags its tile
-        arg = tl.load(TARG + row * NT + offs, mask=above & ~flag, other=N)
-        pos = count + tl.cumsum(above.to(tl.int32), axis=0) - 1
-        tl.store(BEST + row * KT + pos, tl.where(flag, N, arg), mask=above & (pos < KT))
-        fpos = nflag + tl.cumsum(flag.to(tl.int32), axis=0) - 1
-        tl.store(FLAGGED + row * FMAX + fpos, offs, mask=flag & (fpos < FMAX))
-        count += tl.sum(above.to(tl.int32), axis=0)
-        nflag += tl.sum(flag.to(tl.int32), axis=0)
-    tl.store(COUNT + row, count)
-    tl.store(NFLAG + row, nflag)
+    # The groups above tau, compacted (one scan over the group maxima, not over every tile).
+    ngroups = 0
+    for g0 in range(0, NG, BLOCK):
+        if SINGLE:
+            y = x
+        else:
+            y = _group_max(TMAX, row, NT, g0, BLOCK, GROUP)
+        up = y >= tau  # (-inf past the row)
+        pos = ngroups + tl.cumsum(up.to(tl.int32), axis=0) - 1
+        tl.store(GROUPS + row * GMAX + pos, g0 + tl.arange(0, BLOCK), mask=up & (pos < GMAX))
+        ngroups += tl.sum(up.to(tl.int32), axis=0)
+    tl.debug_barrier()  # GROUPS written by all of this program's threads before they read it
+    offs = tl.arange(0, GMAX * GROUP)
+    g_ok = offs // GROUP < tl.minimum(ngroups, GMAX)
+    tile = tl.load(GROUPS + row * GMAX + offs // GROUP, mask=g_ok, other=0) * GROUP + offs % GROUP
+    ok = g_ok & (tile < NT)
+    y = tl.load(TMAX + row * NT + tile, mask=ok, other=-float("inf"))
+    above = y >= tau
+    sec = tl.load(TSEC + row * NT + tile, mask=above, other=-float("inf"))
+    flag = above & ~(sec < tau)  # a NaN second-best (an infinite score) flags its tile
+    arg = tl.load(TARG + row * NT + tile, mask=above & ~flag, other=N)
+    pos = tl.cumsum(above.to(tl.int32), axis=0) - 1
+    tl.store(BEST + row * KT + pos, tl.where(flag, N, arg), mask=above & (pos < KT))
+    fpos = tl.cumsum(flag.to(tl.int32), axis=0) - 1
+    tl.store(FLAGGED + row * FMAX + fpos, tile, mask=flag & (fpos < FMAX))
+    count = tl.sum(above.to(tl.int32), axis=0)
+    tl.store(COUNT + row, tl.where(ngroups > GMAX, ngroups, count))
+    tl.store(NFLAG + row, tl.sum(flag.to(tl.int32), axis=0))
 
 
 def select_tiles(tmax: torch.Tensor, targ: torch.Tensor, tsec: torch.Tensor, eps: torch.Tensor, k: int, kt: int,
-                 max_flagged: int, N: int, group: int = 4, block: int = 2048, chunk: int = 1024, iters: int = 20):
+                 max_flagged: int, N: int, group: int = 4, block: int = 2048, iters: int = 20):
     """tile_top2's outputs [M, NT] and eps [M] (error_bound) -> (best rows [M, kt] int32 (N: none),
     flagged tiles [M, max_flagged] int32 (-1: none), tiles above tau [M], flagged tiles [M]),
     as _select_kernel says, its bisection over the maxima of `group` tiles (1, 2 or 4) at a
     time, `block` of them in registers (all of them for 1M rows). Measured on an H100,
     16,384 queries x 7,813 tiles: one program of 8 or 16 warps a query over the tile maxima
     themselves took 2.3-2.9 ms, its block-wide reductions' barriers the cost; group maxima
-    of 4 taken by PyTorch cost 1.06 ms; 4 warps, the maxima taken here, about 1 ms in all."""
+    of 4 taken by PyTorch cost 1.06 ms; 4 warps, the maxima taken here, 2.35 ms with every
+    tile scanned for the compaction (and 255 registers a thread: two programs an SM); 0.53-0.62
+    ms with only the groups above tau compacted and the group maxima loaded a member at a time
+    (128 registers)."""
     M, NT = tmax.shape
     best = torch.full((M, kt), N, device=tmax.device, dtype=torch.int32)
     flagged = torch.full((M, max_flagged), -1, device=tmax.device, dtype=torch.int32)
@@ -277,7 +336,9 @@ def select_tiles(tmax: torch.Tensor, targ: torch.Tensor, tsec: torch.Tensor, eps
     if M:
         NG = triton.cdiv(NT, group)
         block = min(block, triton.next_power_of_2(NG))
-        _select_kernel[(M,)](tmax, targ, tsec, eps.float().contiguous(), best, flagged, count, nflag, NT, N, k, kt,
-                             max_flagged, ITERS=iters, BLOCK=block, GROUP=group, SINGLE=NG <= block,
-                             CHUNK=min(chunk, triton.next_power_of_2(NT)), num_warps=4)
+        gmax = triton.next_power_of_2(kt)
+        groups = torch.empty(M, gmax, device=tmax.device, dtype=torch.int32)
+        _select_kernel[(M,)](tmax, targ, tsec, eps.float().contiguous(), groups, best, flagged, count, nflag, NT, N,
+                             k, kt, max_flagged, ITERS=iters, BLOCK=block, GROUP=group, SINGLE=NG <= block,
+                             GMAX=gmax, num_warps=4)
     return best, flagged, count, nflag

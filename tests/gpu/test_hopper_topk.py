@@ -41,7 +41,12 @@ def test_tile_top_k_with_the_hopper_pass_is_exact():
     vals, ids = tile_top_k(h, E, 50)
     ref_vals, ref_ids = chunked_top_k(h, E, 50)
     torch.testing.assert_close(vals, ref_vals, rtol=1e-5, atol=1e-5)
-    assert torch.equal(ids.sort(1).values, ref_ids.sort(1).values)
+    # The same rows, up to swaps of rows whose float32 scores tie to within their rounding (the
+    # reference's matmul sums in another order): their float64 scores are the reference's.
+    assert (ids.sort(1).values.diff(dim=1) > 0).all()  # distinct rows
+    exact = lambda rows: torch.stack([(h[i].double() * E[rows[i]].double()).sum(-1) for i in range(len(rows))])  # noqa: E731
+    torch.testing.assert_close(exact(ids).sort(1).values, exact(ref_ids).sort(1).values, rtol=1e-5, atol=1e-5)
+    assert (ids.sort(1).values != ref_ids.sort(1).values).any(1).sum() <= 3
     assert STATS["fallbacks"] - before <= 3
 
 

@@ -82,7 +82,7 @@ def _tile_top2_kernel(H, E, TMAX, TARG, TSEC, M, M_KEY, N, NT, ROWS, TILES: tl.c
                       MODE: tl.constexpr, PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RESIDENT: tl.constexpr):
     """Program (query block, slice of ROWS = TILES x T rows): for every query and every tile of
-    T rows of E, the best score (TMAX), its row (TARG) and the second-best score (TSEC),
+    T rows of E, the best key (TMAX), its row (TARG) and the second-best key (TSEC),
     [M, NT] each; the scores themselves never leave the chip. The loops run TILES times in
     every slice, the last slice's extra tiles masked."""
     pid_m = tl.program_id(0)
@@ -166,20 +166,29 @@ def _slices(N: int, NT: int, blocks: int, per_sm: int, device: torch.device) -> 
     return math.ceil(N / rows), rows
 
 
+_NO_KEY = tl.constexpr(-(2**63))  # rescore_top_k's key for "no candidate": below every other
+
+
+@triton.jit
+def _flip_negative(bits):
+    """float32 bits as int32 <-> an int32 ordered as the floats are (negative floats' magnitude
+    bits flipped; its own inverse)."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
 @triton.jit
 def _scored_keys(H, E, row, ids, ok, D: tl.constexpr, BLOCK_D: tl.constexpr):
     """int64 keys of candidate rows ids [C] (ok: which are candidates) for query `row`: the
     float32 score H_row . E_id (exact for bf16, a sum of d products) made an order-preserving
-    int32 in the high half, the id in the low (so keys are distinct); the int64 minimum for none."""
+    int32 in the high half, the id in the low (so keys are distinct); _NO_KEY for none."""
     s = tl.zeros(ids.shape, tl.float32)
     for d0 in range(0, D, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         q = tl.load(H + row * D + offs_d).to(tl.float32)
         e = tl.load(E + ids[:, None].to(tl.int64) * D + offs_d[None, :], mask=ok[:, None], other=0.0)
         s += tl.sum(e.to(tl.float32) * q[None, :], axis=1)
-    bits = s.to(tl.int32, bitcast=True)
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits flipped
-    return tl.where(ok, (ordered.to(tl.int64) << 32) | ids.to(tl.int64), -9223372036854775808)
+    ordered = _flip_negative(s.to(tl.int32, bitcast=True))
+    return tl.where(ok, (ordered.to(tl.int64) << 32) | ids.to(tl.int64), _NO_KEY)
 
 
 @triton.jit
@@ -188,16 +197,17 @@ def _rescore_top_k_kernel(H, E, BEST, FLAGGED, NFLAG, KEYS, VALS, IDS, N, KT, FM
     """Program (one query): its candidates, the best rows BEST[row, :KT] (N: none) and every row
     of its flagged tiles FLAGGED[row, :NFLAG], rescored in float32 as keys (_scored_keys) into
     KEYS[row], T at a time; then each key's rank among them all (how many keys are larger:
-    all pairs, T x T at a time) places the K largest into VALS and IDS, in descending order."""
+    all pairs, T x PAIRS at a time) places the K largest into VALS and IDS, in descending order."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, T)
-    C = tl.cdiv(KT, T) * T + tl.minimum(tl.load(NFLAG + row), FMAX) * T  # candidate slots in KEYS[row]
-    CMAX = tl.cdiv(KT, T) * T + FMAX * T
+    best_slots = tl.cdiv(KT, T) * T  # KEYS[row]: the best rows' keys, then T a flagged tile
+    C = best_slots + tl.minimum(tl.load(NFLAG + row), FMAX) * T
+    CMAX = best_slots + FMAX * T
     for c0 in range(0, KT, T):
         ids = tl.load(BEST + row * KT + c0 + offs, mask=c0 + offs < KT, other=N)
         tl.store(KEYS + row * CMAX + c0 + offs, _scored_keys(H, E, row, ids, ids < N, D, BLOCK_D))
-    for c0 in range(tl.cdiv(KT, T) * T, C, T):
-        ids = tl.load(FLAGGED + row * FMAX + (c0 // T - tl.cdiv(KT, T))) * T + offs
+    for c0 in range(best_slots, C, T):
+        ids = tl.load(FLAGGED + row * FMAX + (c0 - best_slots) // T) * T + offs
         tl.store(KEYS + row * CMAX + c0 + offs, _scored_keys(H, E, row, ids, ids < N, D, BLOCK_D))
     tl.debug_barrier()  # KEYS written by all of this program's threads before they read it
     for a in range(0, C, T):
@@ -206,9 +216,8 @@ def _rescore_top_k_kernel(H, E, BEST, FLAGGED, NFLAG, KEYS, VALS, IDS, N, KT, FM
         for b in range(0, C, PAIRS):  # [T, PAIRS] comparisons at a time: [T, T] int64 spilled
             other = tl.load(KEYS + row * CMAX + b + tl.arange(0, PAIRS))
             rank += tl.sum((other[None, :] > key[:, None]).to(tl.int32), axis=1)
-        ordered = (key >> 32).to(tl.int32)
-        score = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-        keep = (rank < K) & (key != -9223372036854775808)
+        score = _flip_negative((key >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
+        keep = (rank < K) & (key != _NO_KEY)
         tl.store(VALS + row * K + rank, score, mask=keep)
         tl.store(IDS + row * K + rank, key & 0x7FFFFFFF, mask=keep)  # ids < 2^31
 

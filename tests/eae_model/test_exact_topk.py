@@ -145,4 +145,3 @@ def test_select_tiles_flags_a_tile_whose_second_best_is_nan():
     tsec[torch.arange(tmax.shape[0]), top] = torch.nan  # an infinite score's key
     _, flagged, _, nflag = select_tiles(tmax, targ, tsec, eps, 5, 9, 8, 40 * TILE_ROWS)
     assert (flagged == top[:, None]).any(1).all()
-

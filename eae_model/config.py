@@ -8,6 +8,8 @@ The paper's models (section "Models Evaluated"):
   eae_unsup  EaE whose memory access gets no entity-linking supervision; full attention
              (k = all) at inference.
   mm         BERT-base with EaE's mention masking and data: no entity table at all.
+  small      hidden 128, 1 + 1 layers, entity dim 128 (the regime study's smaller transformer)
+  medium     hidden 256, 2 + 2 layers, entity dim 128 (its larger one)
   tiny       a few-layer model with a small entity table, for CPU tests.
 """
 
@@ -56,8 +58,9 @@ class EaEConfig:
 
     # How the softmax over all entities is computed (same function, different cost):
     # dense = the [M, N] logits in memory; chunked = blocks of memory_chunk_rows rows with a
-    # running max and sum (PyTorch, any device); triton = fused GPU kernels (CUDA only).
-    memory_impl: str = "dense"
+    # running max and sum (PyTorch, any device); triton = fused GPU kernels (CUDA only);
+    # auto = triton on CUDA tensors, dense (local table) or chunked (sharded) elsewhere.
+    memory_impl: str = "auto"
     memory_chunk_rows: int = 65536
     # triton with the sharded table: at the first step, the kernels are also autotuned for the
     # power-of-two buckets of the mention counts within this fraction of that step's count.
@@ -90,8 +93,8 @@ class EaEConfig:
             k = getattr(self, name)
             if k is not None and k <= 0:
                 problems.append(f"{name} must be positive or null (all entities), got {k}")
-        if self.memory_impl not in ("dense", "chunked", "triton"):
-            problems.append(f"memory_impl must be dense, chunked or triton, got {self.memory_impl!r}")
+        if self.memory_impl not in ("auto", "dense", "chunked", "triton"):
+            problems.append(f"memory_impl must be auto, dense, chunked or triton, got {self.memory_impl!r}")
         if not 0.0 <= self.memory_pretune_margin < 1.0:
             problems.append(f"memory_pretune_margin must be in [0, 1), got {self.memory_pretune_margin}")
         if self.memory_chunk_rows <= 0:
@@ -154,6 +157,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mm": dict(
         _BASE, preset="mm", use_entity_memory=False, use_entity_pred=False, use_mention_detection=False
     ),
+    # The regime study's transformers (docs/results.md): few parameters beside the facts of a
+    # synthetic world, so the entity table's share grows with the world as in the paper.
+    # No dropout: the study measures what a model can store, and these models underfit.
+    "small": dict(preset="small", hidden_size=128, num_heads=4, ffn_size=512, l0=1, l1=1, entity_dim=128,
+                  dropout=0.0),
+    "medium": dict(preset="medium", hidden_size=256, num_heads=4, ffn_size=1024, l0=2, l1=2, entity_dim=128,
+                   dropout=0.0),
     "tiny": dict(
         preset="tiny",
         max_length=64,

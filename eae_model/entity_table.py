@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eae_model.constants import NULL_ENTITY
-from eae_model.fused_memory import IMPLS, block_attention, linking_loss_from_lse
+from eae_model.fused_memory import IMPLS, block_attention, linking_loss_from_lse, resolve_impl
 
 
 @dataclass
@@ -68,7 +68,8 @@ class EntityTable(nn.Module):
     impl: how attend computes the softmax over all N entities. "dense" materialises the
     [M, N] logits (returned, for inspection); "chunked" (PyTorch, any device) and "triton"
     (fused GPU kernels) work over blocks of chunk_rows rows and never hold the [M, N] matrix
-    (eae_model.fused_memory); the results are equal up to float rounding.
+    (eae_model.fused_memory); the results are equal up to float rounding. "auto": triton on
+    CUDA tensors, dense elsewhere (fused_memory.resolve_impl), decided at each call.
     """
 
     def __init__(self, num_entities: int, dim: int, trainable: bool = True, impl: str = "dense", chunk_rows: int = 65536):
@@ -87,21 +88,22 @@ class EntityTable(nn.Module):
     ) -> TableOutput:
         """h [M, d]; k: retrieval top-k (None = all); targets [M] entity ids (NULL_ENTITY = no
         loss); retrieve=False skips E_m (EntityPred needs only the loss)."""
-        if self.impl != "dense":
-            return self._attend_blocks(h, k, targets, retrieve)
+        impl = resolve_impl(self.impl, h)
+        if impl != "dense":
+            return self._attend_blocks(h, k, targets, retrieve, impl)
         if retrieve:
             retrieved, logits = entity_attention(h, self.weight, k)
         else:
             retrieved, logits = None, h @ self.weight.T
         return TableOutput(retrieved=retrieved, loss=linking_loss(logits, targets), logits=logits)
 
-    def _attend_blocks(self, h, k, targets, retrieve) -> TableOutput:
+    def _attend_blocks(self, h, k, targets, retrieve, impl) -> TableOutput:
         """attend without the [M, N] logits. k < N: the exact top-k ids (no gradient, as
         topk's selection has none), then the softmax over those k scores, differentiable."""
         top = retrieve and k is not None and k < self.num_entities
         retrieved = lse = gold = None
         if (retrieve and not top) or targets is not None:
-            full, lse, gold = block_attention(h, self.weight, retrieve and not top, self.impl, self.chunk_rows, targets)
+            full, lse, gold = block_attention(h, self.weight, retrieve and not top, impl, self.chunk_rows, targets)
             retrieved = full
         if top:
             _, ids = self.top_k(h, k)
@@ -116,7 +118,7 @@ class EntityTable(nn.Module):
     def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k best entities by dot product: (scores [M, k], ids [M, k])."""
         k = min(k, self.num_entities)
-        if self.impl == "dense":
+        if resolve_impl(self.impl, h) == "dense":
             return (h @ self.weight.T).topk(k, dim=-1)
         from eae_model.exact_topk import chunked_top_k
 

@@ -19,14 +19,16 @@ fused GPU kernels of eae_model.triton_kernels with the same signature. The shard
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from eae_model.constants import NULL_ENTITY
 
-IMPLS = ("dense", "chunked", "triton")
+IMPLS = ("auto", "dense", "chunked", "triton")
 
 
 def triton_interpreted() -> bool:
@@ -39,6 +41,16 @@ def triton_interpreted() -> bool:
 def triton_runs_on(t: torch.Tensor) -> bool:
     """Whether impl="triton" takes tensors on t's device: CUDA, or any under the interpreter."""
     return t.is_cuda or triton_interpreted()
+
+
+def resolve_impl(impl: str, t: torch.Tensor) -> str:
+    """The implementation that impl="auto" means for tensors like t: the fused Triton kernels
+    on CUDA (1.11x the BERT step at the paper's size on an H100, against 1.64x for dense,
+    docs/performance.md), the dense [M, N] logits elsewhere (the fastest on CPUs at the sizes
+    CPUs train). Other impls are returned as they are."""
+    if impl != "auto":
+        return impl
+    return "triton" if t.is_cuda and importlib.util.find_spec("triton") is not None else "dense"
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -127,17 +139,35 @@ def compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(h.dtype, weight.dtype)
 
 
+# Optimizer steps taken in this process, by any optimizer: part of cast_rows' cache key.
+# Fused optimizers (torch.optim.Adam(fused=True), what the pretraining loop uses on GPUs) update
+# parameters in place without moving their version counter (torch 2.11-2.13), so a key of the
+# version alone kept the table's first cast for the whole run: the fused kernels' log-sum-exp
+# then read the step-0 rows while the gold score read the current ones, and the entity-linking
+# losses fell without bound (to -50,000 in 3,000 steps; docs/results.md).
+_optimizer_steps = 0
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+
+
 def cast_rows(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`weight` (the float32 entity table) detached, contiguous, in `dtype` (the kernels' bf16).
 
     A step reads the table up to four times (the memory and EntityPred, forward and backward;
     the sharded table casts in both), and each cast of 1M x 256 floats moves 1.5 GB. The cast
-    is therefore kept on the parameter and reused until the parameter changes: every in-place
-    update (an optimizer step, copy_, add_) moves its version counter, which is part of the key."""
+    is therefore kept on the parameter and reused until the parameter changes: an in-place
+    update moves its version counter (copy_, add_, non-fused optimizers) or the count of
+    optimizer steps (`_optimizer_steps`), both part of the key."""
     w = weight.detach()
     if w.dtype == dtype and w.is_contiguous():
         return w
-    key = (dtype, weight._version, w.data_ptr(), tuple(w.shape))
+    key = (dtype, weight._version, _optimizer_steps, w.data_ptr(), tuple(w.shape))
     cached = getattr(weight, "_eae_cast", None)
     if cached is not None and cached[0] == key:
         return cached[1]

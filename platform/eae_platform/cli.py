@@ -91,6 +91,10 @@ def _pretrain(args: argparse.Namespace) -> int:
     connect(args.address)
     summary = run(config)
     metrics = summary["metrics"] or {}
+    if summary["paused_at_step"] is not None:
+        print(f"\npaused at step {summary['paused_at_step']} of {config.train.max_steps} (train.time_budget_s): "
+              f"run the same command again to continue from {summary['checkpoint']}")
+        return 0
     print(f"\nfinished at step {metrics.get('step')}: " + ", ".join(
         f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith("dev_")))
     print(f"model:       {summary['model']}")
@@ -141,8 +145,14 @@ def _finetune_qa(args: argparse.Namespace) -> int:
           f"({c['data/train_dropped_unresolved']:,.0f} unresolved dropped)")
     for split in ("dev", "test"):
         if f"{split}/em" in m:
-            print(f"{split}: EM {100 * m[f'{split}/em']:.1f} (oracle {100 * m[f'{split}/oracle']:.1f}) "
+            prior = f", prior-only baseline {100 * m[f'{split}/prior_em']:.1f}" if f"{split}/prior_em" in m else ""
+            print(f"{split}: EM {100 * m[f'{split}/em']:.1f} (oracle {100 * m[f'{split}/oracle']:.1f}{prior}) "
                   f"over {c[f'data/{split}_questions']:,.0f} questions")
+            for group in ("stated", "unstated"):
+                if f"{split}/em_{group}" in m:
+                    print(f"  facts pretraining {'read' if group == 'stated' else 'did not read'}: EM "
+                          f"{100 * m[f'{split}/em_{group}']:.1f} (prior {100 * m[f'{split}/prior_em_{group}']:.1f}) "
+                          f"over {m[f'{split}/questions_{group}']:,.0f} questions")
     print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
     if summary["model"]:
         print(f"model:       {summary['model']}")
@@ -193,7 +203,8 @@ def _absolute(config):
         return ",".join(parts)
 
     return dataclasses.replace(config, model=local(config.model), data=local(config.data),
-                               qa_model=local(config.qa_model), qa_data=local(config.qa_data))
+                               qa_model=local(config.qa_model), qa_data=local(config.qa_data),
+                               stated_in=local(config.stated_in))
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -249,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = commands.add_parser("model", help="inspect the model").add_subparsers(dest="action", required=True)
     summary = model.add_parser("summary", help="parameter counts per component, without allocating weights")
-    summary.add_argument("--preset", help="paper, emb512, no_eae, eae_unsup, mm or tiny (default: paper)")
+    summary.add_argument("--preset", help="paper, emb512, no_eae, eae_unsup, mm, small, medium or tiny (default: paper)")
     summary.add_argument("--config", help="a YAML file of EaEConfig keys (optionally under `model:`)")
     summary.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     summary.add_argument("--json", action="store_true", help="print JSON instead of a table")

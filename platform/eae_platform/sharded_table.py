@@ -468,7 +468,7 @@ class ShardedEntityTable(nn.Module):
         seed: int = 0,
         chunk_rows: int = 65536,
         grad_average: bool = True,
-        memory_impl: str = "chunked",
+        memory_impl: str = "auto",
         device=None,
         dtype: torch.dtype | None = None,
         pretune_margin: float = 0.0,
@@ -482,9 +482,10 @@ class ShardedEntityTable(nn.Module):
         self.lo, self.hi = shard_bounds(num_entities, self.world_size, self.rank)
         self.max_shard_rows = shard_bounds(num_entities, self.world_size, 0)[1]
         self.chunk_rows = chunk_rows
-        if memory_impl not in ("dense", "chunked", "triton"):
-            raise ValueError(f"memory_impl must be dense, chunked or triton, got {memory_impl!r}")
-        # dense and chunked both run the PyTorch chunked pass (E is never in one piece here).
+        if memory_impl not in ("auto", "dense", "chunked", "triton"):
+            raise ValueError(f"memory_impl must be auto, dense, chunked or triton, got {memory_impl!r}")
+        # dense and chunked both run the PyTorch chunked pass (E is never in one piece here);
+        # auto and triton the fused kernels where they run (CUDA), the chunked pass elsewhere.
         self.memory_impl = memory_impl
         if not 0.0 <= pretune_margin < 1.0:
             raise ValueError(f"pretune_margin must be in [0, 1), got {pretune_margin}")
@@ -584,7 +585,7 @@ class ShardedEntityTable(nn.Module):
             has_targets=targets is not None,
             chunk_rows=self.chunk_rows,
             grad_scale=1.0 / self.world_size if self.grad_average else 1.0,
-            fused=compute_dtype(h, self.weight) if self.memory_impl == "triton" and fused_memory.triton_runs_on(h) else None,
+            fused=compute_dtype(h, self.weight) if self._fused(h) else None,
         )
         self._pretune(plan, sum(counts))
         retrieved, lse, gold = _Attend.apply(h, self.weight, targets, plan)
@@ -601,6 +602,13 @@ class ShardedEntityTable(nn.Module):
         )
 
     forward = attend
+
+    def _fused(self, h: torch.Tensor) -> bool:
+        """Whether this call runs the fused Triton kernels: memory_impl=triton where they run
+        (CUDA, or Triton's interpreter), auto on CUDA (fused_memory.resolve_impl)."""
+        if self.memory_impl == "triton":
+            return fused_memory.triton_runs_on(h)
+        return fused_memory.resolve_impl(self.memory_impl, h) == "triton"
 
     def _pretune(self, plan: _Plan, M: int) -> None:
         """At the first call of each kernel variant (RETRIEVE: the memory's retrieval; not:

@@ -19,7 +19,17 @@ def test_ablation_presets():
     assert not unsup.memory_el_supervision and unsup.k_inference is None
     mm = load_config("mm")
     assert not mm.has_entity_table and not mm.use_mention_detection
-    assert set(PRESETS) == {"paper", "emb512", "no_eae", "eae_unsup", "mm", "tiny"}
+    assert set(PRESETS) == {"paper", "emb512", "no_eae", "eae_unsup", "mm", "small", "medium", "tiny"}
+
+
+def test_the_regime_studys_presets_grow_the_transformer_not_the_table():
+    small, medium = load_config("small"), load_config("medium")
+    assert (small.hidden_size, small.l0 + small.l1) == (128, 2) and (medium.hidden_size, medium.l0 + medium.l1) == (256, 4)
+    assert small.entity_dim == medium.entity_dim == 128 and small.dropout == medium.dropout == 0.0
+
+
+def test_memory_impl_defaults_to_auto():
+    assert load_config("paper").memory_impl == "auto"
 
 
 def test_yaml_then_overrides(tmp_path):

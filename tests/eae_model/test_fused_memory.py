@@ -131,14 +131,17 @@ def test_model_with_chunked_memory_equals_dense():
         _close(grads[1][name], grads[0][name])
 
 
-def test_cast_rows_is_reused_until_the_table_changes():
+@pytest.mark.parametrize("fused", [False, True])
+def test_cast_rows_is_reused_until_the_table_changes(fused):
+    """fused=True: Adam(fused=True), the GPU pretraining's optimizer, updates the table without
+    moving its version counter; the cast must still follow every step."""
     table = EntityTable(50, 8, impl="chunked")
     torch.nn.init.normal_(table.weight)
     first = cast_rows(table.weight, torch.bfloat16)
     assert first.dtype == torch.bfloat16 and torch.equal(first, table.weight.detach().to(torch.bfloat16))
     assert cast_rows(table.weight, torch.bfloat16) is first  # the same step's second read
     assert cast_rows(table.weight, torch.float32) is not first  # another dtype: not the cached copy
-    optimizer = torch.optim.Adam(table.parameters(), lr=0.5)
+    optimizer = torch.optim.Adam(table.parameters(), lr=0.5, fused=fused)
     table.attend(torch.randn(3, 8), None, torch.tensor([1, -1, 4]), retrieve=False).loss.backward()
     optimizer.step()  # an in-place update must invalidate the cast
     second = cast_rows(table.weight, torch.bfloat16)
@@ -219,8 +222,25 @@ def test_chunked_top_k_equals_topk():
 
 
 def test_bad_impl_is_a_clear_error(monkeypatch):
-    with pytest.raises(ValueError, match="memory_impl must be dense, chunked or triton"):
+    with pytest.raises(ValueError, match="memory_impl must be auto, dense, chunked or triton"):
         load_config("tiny", overrides=["memory_impl=flash"])
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # on CPU tensors only Triton's interpreter runs triton
     with pytest.raises(ValueError, match="needs CUDA"):
         block_attention(torch.randn(2, 16), torch.randn(5, 16), True, "triton")
+
+
+def test_auto_is_triton_on_cuda_tensors_and_dense_elsewhere():
+    """memory_impl=auto (the default): the fused kernels where they run fast (CUDA), the dense
+    logits on CPUs, even when Triton's interpreter could run the kernels there (CI)."""
+    from eae_model.fused_memory import resolve_impl
+    from eae_platform.sharded_table import ShardedEntityTable
+
+    cpu = torch.zeros(2, 4)
+    assert resolve_impl("auto", cpu) == "dense" and resolve_impl("chunked", cpu) == "chunked"
+    assert not ShardedEntityTable(10, 4, memory_impl="auto")._fused(cpu)
+    if torch.cuda.is_available():
+        assert resolve_impl("auto", cpu.cuda()) == "triton"
+    table = EntityTable(50, 8, impl="auto")
+    torch.nn.init.normal_(table.weight)
+    out = table.attend(torch.randn(3, 8), None, torch.tensor([1, -1, 4]))
+    assert out.logits is not None  # dense: the [M, N] logits are returned

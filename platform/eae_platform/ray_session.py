@@ -17,7 +17,11 @@ def connect(address: str | None = None, num_cpus: int | None = None):
         return ray
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        # Workers of a running cluster inherit its raylet's environment, not this process's:
+        # the MLflow settings given to the command (e.g. MLFLOW_ALLOW_FILE_STORE, without which
+        # MLflow 3 refuses a file store) reach them as the job's runtime environment.
+        mlflow_env = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": mlflow_env} if mlflow_env else None)
     else:
         # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names.
         # With the dashboard (Ray's default where its packages are installed, as with ray[serve]),

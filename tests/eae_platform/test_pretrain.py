@@ -101,6 +101,14 @@ def test_mlflow_records_the_run(uninterrupted):
     assert (local / "entities.parquet").is_file()
 
 
+def _restarted_at(tmp, name, rank=0) -> tuple[int, int]:
+    """(the first process's last step, the next process's first step) in a rank's trace."""
+    records = [json.loads(x) for x in (tmp / "ray" / name / f"examples-rank{rank}.jsonl").read_text().splitlines()]
+    first = [r["step"] for r in records if r["pid"] == records[0]["pid"]]
+    later = [r["step"] for r in records if r["pid"] != records[0]["pid"]]
+    return max(first), later[0]
+
+
 def _kill_rank_when(tmp, name, rank, step, sig=signal.SIGKILL):
     """In the background: once `rank` has logged `step`, SIGKILL its worker process."""
     trace = tmp / "ray" / name / f"examples-rank{rank}.jsonl"
@@ -129,8 +137,36 @@ def test_killed_run_resumes_with_exactly_the_same_examples(wiki, uninterrupted, 
     watcher.join(timeout=5)
     assert max(s for _, s in _trace(tmp_path, "killed")) < STEPS - 1  # it really stopped early
     run(_config(wiki, tmp_path, "killed", out=str(tmp_path / "model"), register_as=""))  # relaunch, same name
+    # the relaunch starts at a checkpoint (every 4 steps) the killed run wrote, not at step 0
+    last, restart = _restarted_at(tmp_path, "killed")
+    assert 0 < restart <= last + 1 and restart % 4 == 0
     assert _trace(tmp_path, "killed") == _trace(plain_tmp, "plain")
     # same examples, same masks, same RNG: the same model as the uninterrupted run
+    resumed, reference = load_model(tmp_path / "model"), load_model(plain["model"])
+    for (name, a), (_, b) in zip(resumed.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_run_out_of_time_pauses_and_its_relaunch_continues_from_the_pause(wiki, uninterrupted, tmp_path):
+    """train.time_budget_s: the run stops at its first log window with a checkpoint and its
+    MLflow run KILLED (tag eae.paused_at_step); the relaunch starts at that step, in the same
+    MLflow run, and ends with the uninterrupted run's examples and weights."""
+    plain_tmp, _, plain = uninterrupted
+    paused = run(_config(wiki, tmp_path, "budget", out=str(tmp_path / "model"), register_as="", time_budget_s=1e-6))
+    assert paused["paused_at_step"] == 4 and paused["model"] is None and not (tmp_path / "model").exists()
+    trace = tmp_path / "ray" / "budget" / "examples-rank0.jsonl"
+    assert [json.loads(x)["step"] for x in trace.read_text().splitlines()] == [0, 1, 2, 3]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (first,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
+    assert first.info.status == "KILLED" and first.data.tags["eae.paused_at_step"] == "4"
+
+    done = run(_config(wiki, tmp_path, "budget", out=str(tmp_path / "model"), register_as=""))
+    records = [json.loads(x) for x in trace.read_text().splitlines()]
+    relaunched = [r["step"] for r in records if r["pid"] != records[0]["pid"]]
+    assert relaunched[0] == 4 and relaunched == list(range(4, STEPS))  # from the pause's checkpoint
+    assert done["paused_at_step"] is None and done["mlflow_run_id"] == first.info.run_id
+    assert client.get_run(first.info.run_id).info.status == "FINISHED"
+    assert _trace(tmp_path, "budget") == _trace(plain_tmp, "plain")
     resumed, reference = load_model(tmp_path / "model"), load_model(plain["model"])
     for (name, a), (_, b) in zip(resumed.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
@@ -147,11 +183,14 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     watcher.join(timeout=5)
     pids = {json.loads(x)["pid"] for x in (tmp_path / "ray" / "crash" / "examples-rank0.jsonl").read_text().splitlines()}
     assert len(pids) == 2  # the killed worker and its replacement
+    last, restart = _restarted_at(tmp_path, "crash")  # the replacement starts at a checkpoint
+    assert 0 < restart <= last + 1 and restart % 4 == 0
     assert summary["metrics"]["step"] == STEPS
     assert _trace(tmp_path, "crash") == _trace(plain_tmp, "plain")
     client = MlflowClient(server.url)
     r = client.get_run(summary["mlflow_run_id"])
     assert r.data.params["train.name"] == "crash"
+    assert len(client.search_runs([r.info.experiment_id], "attributes.run_name = 'crash'")) == 1
     # one run across the restart: every step's metrics once, the last value of a redone step kept
     assert sorted({m.step for m in client.get_metric_history(r.info.run_id, "loss")}) == [4, 8, 12, 16]
     assert "dev_token_acc" in r.data.metrics

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -427,3 +428,42 @@ def test_collective_timeline_lists_the_nccl_kernels_in_order_with_their_duration
                                           "      0.600   0.500  ncclDevKernel_SendRecv(args)"]
     assert collective_timeline([(0, 5, "gemm")]) == [] and collective_timeline([]) == []
     assert len(collective_timeline([(i, i + 1, "ncclDevKernel_SendRecv") for i in range(300)], limit=200)) == 200
+
+
+def test_cached_epochs_give_the_batches_ray_data_gives_and_read_each_file_once(ray_cluster, tmp_path):
+    """train.cache_data: the cached path (`cached_batches`) gives every epoch exactly the
+    batches of the Ray Data path (same rows, order, masks); after the epoch that read a file,
+    later epochs take its rows from memory (here: the files are rewritten with other context
+    ids, and the cached epochs still give the first ones)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    def write(offset):
+        files = []
+        for f in range(3):
+            ids = range(10 * f, 10 * f + 10)
+            table = pa.table({"context_id": [offset + i for i in ids],
+                              "token_ids": [[101, *range(1000, 1000 + 2 + i % 4), 102] for i in ids],
+                              "mention_starts": [[1]] * 10, "mention_ends": [[2]] * 10,
+                              "mention_entity_ids": [[i % 7] for i in ids]})
+            files.append(str(tmp_path / f"part-{f}.parquet"))
+            pq.write_table(table, files[-1])
+        return files
+
+    files = write(0)
+
+    def epoch(e, cache):
+        return [b for _, b in data.iter_epoch(files, 3, e, 0, 1, 4, 0.5, 7, cache=cache)]
+
+    cache: dict = {}
+    for e in (0, 1):
+        streamed, cached = epoch(e, None), epoch(e, cache)
+        assert len(streamed) == len(cached) == 7  # 30 rows, 4 a batch: the last 2 dropped
+        for a, b in zip(streamed, cached):
+            assert torch.equal(a.context_ids, b.context_ids) and torch.equal(a.input_ids, b.input_ids)
+            assert torch.equal(a.mlm_labels, b.mlm_labels) and torch.equal(a.mentions.entity_ids, b.mentions.entity_ids)
+    assert sorted(cache) == sorted(files)
+    write(1000)
+    assert max(int(b.context_ids.max()) for b in epoch(2, None)) >= 1000  # what the files hold now
+    assert max(int(b.context_ids.max()) for b in epoch(2, cache)) < 30  # what the cache read before

@@ -39,9 +39,14 @@ class TrainConfig:
     num_workers: int = 1
     cpus_per_worker: float = 1.0
     use_gpu: bool = False
+    # GPUs per worker: below 1, several small runs share a GPU (Ray places fractional GPUs)
+    gpus_per_worker: float = 1.0
     shard_entity_table: bool = True  # rows of E partitioned over workers (parameter-server style)
     log_every: int = 10
     prefetch_batches: int = 2  # batches read and collated ahead by a background thread (0: none)
+    # keep each worker's training rows in memory after their first read, so later epochs start
+    # no Ray Data pipeline (data.cached_batches); None: when the training files are small
+    cache_data: bool | None = None
     # every batch padded to model.max_length (one shape for all steps: cuDNN attention and Triton
     # plan per shape) or to its longest context; None: fixed on GPUs, longest on CPUs
     pad_to_max_length: bool | None = None
@@ -55,6 +60,11 @@ class TrainConfig:
     checkpoint_every: int = 100
     eval_batches: int = 20  # dev batches per evaluation, read once and kept (0: the whole dev split, read each time)
     max_failures: int = 0  # worker crashes survived by restarting from the last checkpoint
+    # Stop after this many seconds of training in this launch (checked every log_every steps,
+    # the same step on every worker): checkpoint, end the MLflow run as KILLED with the step in
+    # its tag eae.paused_at_step, and exit; relaunching with the same name continues exactly
+    # (for time-limited allocations). None: no limit.
+    time_budget_s: float | None = None
     name: str = "eae-pretrain"  # Ray Train run name: relaunching with the same name resumes
     storage_path: str = "runs/ray"  # Ray Train storage (checkpoints)
     out: str | None = None  # where the final model directory goes
@@ -70,6 +80,11 @@ class TrainConfig:
         for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        g = self.gpus_per_worker
+        if not (0 < g <= 1 or (g > 1 and g == int(g))):
+            problems.append(f"gpus_per_worker must be a fraction in (0, 1] or a whole number, got {self.gpus_per_worker}")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            problems.append(f"time_budget_s must be positive or null, got {self.time_budget_s}")
         from eae_platform.pretrain.profiling import parse_steps
 
         try:

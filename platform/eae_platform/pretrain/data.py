@@ -196,15 +196,49 @@ def read_rows(files: list[str], rows: int):
     return ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(rows)
 
 
-def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None):
-    """The rank's batches of one epoch (Ray Data streaming, order preserved), after skipping
-    the first `skip_steps` (resumption); stops at steps_per_epoch."""
+def cached_batches(files: list[str], rows: int, batch_size: int, cache: dict[str, dict[str, np.ndarray]]):
+    """The batches `read_rows(files, rows).iter_batches(batch_size, drop_last=True)` gives (the
+    same rows in the same order and numpy format), from `cache`: each file's columns, read with
+    pyarrow the first time an epoch needs the file and kept for every later epoch.
+
+    Why not Ray Data here: a worker's Ray Data pipeline starts anew every epoch (its files
+    change with the epoch, `files_for_rank`), and a start took ~1-11 s before the first batch
+    (docs/performance.md). On data that fits in memory an epoch can be a handful of steps (the
+    regime study's 5k-entity world: 9 steps of 512 contexts), and start-ups would then take
+    most of the run. `train.cache_data` chooses (default: when the training split is small)."""
+    for f in files:
+        if f not in cache:
+            table = pq.read_table(f, columns=COLUMNS)
+            cache[f] = {c: table.column(c).to_numpy(zero_copy_only=False) for c in COLUMNS}
+    columns = {c: np.concatenate([cache[f][c] for f in files])[:rows] for c in COLUMNS}
+    for start in range(0, rows - batch_size + 1, batch_size):
+        yield {c: v[start : start + batch_size] for c, v in columns.items()}
+
+
+# train.cache_data's default: cache when the training split's Parquet files hold at most this
+# many bytes (the 100k-entity world's: ~25 MB; each worker would hold them all, decoded)
+CACHE_MAX_BYTES = 256 * 2**20
+
+
+def cache_by_default(files: list[str]) -> bool:
+    return sum(Path(f).stat().st_size for f in files) <= CACHE_MAX_BYTES
+
+
+def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None,
+               cache: dict | None = None):
+    """The rank's batches of one epoch (Ray Data streaming, order preserved; or from `cache`,
+    `cached_batches`), after skipping the first `skip_steps` (resumption); stops at
+    steps_per_epoch."""
     steps = steps_per_epoch(files, seed, epoch, world_size, batch_size)
     mine = files_for_rank(files, seed, epoch, rank, world_size)
     if steps <= skip_steps or not mine:  # nothing left (a checkpoint at the epoch's last step)
         return
-    dataset = read_rows(mine, steps * batch_size)
-    for step, rows in enumerate(dataset.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True)):
+    if cache is None:
+        batches = read_rows(mine, steps * batch_size).iter_batches(batch_size=batch_size, batch_format="numpy",
+                                                                   drop_last=True)
+    else:
+        batches = cached_batches(mine, steps * batch_size, batch_size, cache)
+    for step, rows in enumerate(batches):
         if step < skip_steps:
             continue
         yield step, collate(rows, seed, epoch, mask_rate, num_entities, pad_to)
@@ -330,11 +364,12 @@ def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities
     sharded table's collectives need every rank in every call). Masks are drawn as in
     training, with the epoch number EVAL_EPOCH: the same masks at every evaluation."""
     rows = sum(pq.read_metadata(f).num_rows for f in files)
+    batch_size = min(batch_size, rows // world_size)  # a dev split smaller than a batch: one smaller batch
+    if batch_size == 0:
+        return
     steps = rows // (batch_size * world_size)
     if max_batches:
         steps = min(steps, max_batches)
-    if steps == 0:
-        return
     dataset = read_rows(files, steps * batch_size * world_size)
     for rows in dataset.iter_batches(batch_size=batch_size * world_size, batch_format="numpy", drop_last=True):
         yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities, pad_to)

@@ -70,15 +70,18 @@ def run(config: PretrainConfig) -> dict:
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
-            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
+            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": t.gpus_per_worker} if t.use_gpu else {})},
         ),
         torch_config=TorchConfig(backend="nccl" if t.use_gpu else "gloo"),
         run_config=RunConfig(name=t.name, storage_path=t.storage_path, failure_config=FailureConfig(max_failures=t.max_failures)),
     )
     result = trainer.fit()
+    step = (result.metrics or {}).get("step")
+    paused = step is not None and step < t.max_steps  # train.time_budget_s ran out
     summary = {"checkpoint": result.checkpoint.path if result.checkpoint else None, "metrics": result.metrics,
-               "model": t.out, "storage": str(Path(t.storage_path) / t.name)}
-    if result.checkpoint is not None:
+               "model": None if paused else t.out, "storage": str(Path(t.storage_path) / t.name),
+               "paused_at_step": step if paused else None}
+    if result.checkpoint is not None and not paused:
         summary.update(_finish_mlflow(config, Path(result.checkpoint.path)))
     return summary
 

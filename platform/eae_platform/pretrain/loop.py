@@ -299,10 +299,12 @@ def train_loop_per_worker(config_dict: dict) -> None:
     window_start = time.perf_counter()
     first_step = True
 
+    cache = {} if (data.cache_by_default(files) if t.cache_data is None else t.cache_data) else None
+
     def open_epoch(epoch: int, skip: int):
         return data.prefetch(
             data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
-                            config.model.num_entities, skip, pad_to(config)),
+                            config.model.num_entities, skip, pad_to(config), cache),
             t.prefetch_batches, pin_for=device if device.type == "cuda" else None)
 
     def steps_in(epoch: int) -> int:
@@ -323,8 +325,10 @@ def train_loop_per_worker(config_dict: dict) -> None:
     spans = SpanTimer(device) if world_size > 1 else None
     if spans is not None and model.entity_table is not None:
         model.entity_table.timer = spans
+    started = time.perf_counter()  # train.time_budget_s counts from here
+    out_of_time = False
     with closing(stream), closing(gc_timer):  # an early stop or an error ends the prefetch threads
-        while progress["step"] < t.max_steps:
+        while progress["step"] < t.max_steps and not out_of_time:
             profiler.before(progress["step"] + 1)
             waited = time.perf_counter()
             epoch, step_in_epoch, host, counts = next(stream)
@@ -373,17 +377,35 @@ def train_loop_per_worker(config_dict: dict) -> None:
                 _report(window, window_start, step, scheduler, tracker, world_size,
                         memory_metrics(list(table.values()), optimizer, device), spans, lag)
                 window, window_start = defaultdict(float), time.perf_counter()
-            if step % t.checkpoint_every == 0 or step == t.max_steps:
-                metrics = evaluate(model, dev, device, new_step)
+                out_of_time = step < t.max_steps and over_budget(t.time_budget_s, started)
+            scheduled = step % t.checkpoint_every == 0 or step == t.max_steps
+            if scheduled or out_of_time:
+                # a pause's checkpoint skips the evaluation: dev curves keep their schedule
+                metrics = evaluate(model, dev, device, new_step) if scheduled else {}
                 if spans is not None:
                     spans.take()  # the evaluation's exchanges are no step's
                 if tracker is not None and metrics:
                     tracker.log_metrics(metrics, step)
                 _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
+    if out_of_time:
+        if tracker is not None:
+            print(f"time budget of {t.time_budget_s:g} s spent: paused at step {progress['step']} of {t.max_steps}; "
+                  f"relaunch with the same name ({t.name}) to continue", flush=True)
+            tracker.set_tags({"eae.paused_at_step": progress["step"]})
+            tracker.close("KILLED")
+        return
     if t.out:
         _save_final(model, config, rank, Path(t.out))
     if tracker is not None:
         tracker.close()
+
+
+def over_budget(budget_s: float | None, started: float) -> bool:
+    """Whether train.time_budget_s has run out since `started` (perf_counter) on any worker:
+    every worker gets the same answer (a max over workers), so all stop at the same step."""
+    if budget_s is None:
+        return False
+    return _max_over_workers({"elapsed_s": time.perf_counter() - started})["elapsed_s"] >= budget_s
 
 
 def _report(window, window_start, step, scheduler, tracker, world_size, extra=None, spans=None,

@@ -102,7 +102,8 @@ def load_synth(directory: str | Path) -> Dataset:
         try:
             r = json.loads(line)
             ex = QAExample(r["id"], r["question"], [r["answer"], *r.get("answer_aliases", [])], r["split"],
-                           meta={"relation": r.get("relation"), "subject": r.get("subject")})
+                           meta={"relation": r.get("relation"), "subject": r.get("subject"),
+                                 "subject_id": r.get("subject_id")})
         except (json.JSONDecodeError, KeyError, TypeError) as error:
             raise QADataError(f"{path}:{n}: not a question record ({error!r})") from None
         if ex.split not in data.splits:

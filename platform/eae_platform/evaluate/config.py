@@ -40,6 +40,9 @@ class EvalConfig:
     qa_data: str = ""  # top-K: a QA dataset spec (eae finetune qa --data); empty: no QA EM
     # LAMA probes (Table 3).
     max_per_relation: int = 200  # probes kept per relation (the first ones, deterministic)
+    # synth probes and QA: the `eae data build` directory pretraining read; facts whose subject's
+    # article is in its training split are "stated", the others "unstated" (metrics per group)
+    stated_in: str = ""
     # Entity typing / relation extraction fine-tuning (appendix; Table 9).
     lr: float = 3e-5
     steps: int = 700

@@ -11,7 +11,10 @@ answer it, without any fine-tuning:
 
 The subject's name, when found in the sentence, is given as a mention too, so the memory (EaE)
 reads its entity. Accuracy per relation and per source (micro), logged as
-`lama/<source>/<relation>/{token_accuracy,entity_accuracy,probes,entity_probes}`.
+`lama/<source>/<relation>/{token_accuracy,entity_accuracy,probes,entity_probes}`; synth probes
+with `eval.stated_in` also per group (`lama/synth/stated/...`: facts whose article pretraining
+read; `unstated`: held-out articles), beside the prior-only baseline (`prior_accuracy`,
+`prior_entity_accuracy`: always the relation's most frequent answer).
 """
 
 from __future__ import annotations
@@ -102,9 +105,10 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
         for b, e in enumerate(chunk):
             s, t = e.answer_span
             predicted = logits[b, s : t + 1].argmax(-1).tolist()
-            row = {"source": e.probe.source, "relation": e.probe.relation, "text": e.probe.text,
-                   "answer": e.probe.answer, "token_correct": predicted == e.answer_ids,
-                   "token_prediction": predicted, "entity_correct": None}
+            row = {"source": e.probe.source, "relation": e.probe.relation, "group": e.probe.group,
+                   "text": e.probe.text, "answer": e.probe.answer, "token_correct": predicted == e.answer_ids,
+                   "token_prediction": predicted, "entity_correct": None,
+                   "prior_correct": e.probe.prior in e.probe.answers if e.probe.prior else None}
             if top is not None and e.entity_id is not None:
                 row["entity_correct"] = int(top[b, 0]) == e.entity_id
                 row["entity_prediction"] = int(top[b, 0])
@@ -113,19 +117,29 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
 
 
 def aggregate(rows: list[dict]) -> dict[str, float]:
-    """Accuracy per (source, relation) and per source, with counts."""
+    """Accuracy per (source, relation), per source and, for probes with a group (synth with
+    stated_in), per source and group, with counts; where probes have a prior, the prior-only
+    baseline's accuracy over the same probes (`prior_accuracy`: always the relation's most
+    frequent answer; over the entity-scorable ones: `prior_entity_accuracy`)."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         groups[f"lama/{r['source']}/{r['relation']}"].append(r)
         groups[f"lama/{r['source']}"].append(r)
+        if r.get("group"):
+            groups[f"lama/{r['source']}/{r['group']}"].append(r)
     metrics = {}
     for key, group in groups.items():
         metrics[f"{key}/probes"] = len(group)
         metrics[f"{key}/token_accuracy"] = sum(r["token_correct"] for r in group) / len(group)
+        with_prior = all(r.get("prior_correct") is not None for r in group)
+        if with_prior:
+            metrics[f"{key}/prior_accuracy"] = sum(r["prior_correct"] for r in group) / len(group)
         scorable = [r for r in group if r["entity_correct"] is not None]
         metrics[f"{key}/entity_probes"] = len(scorable)
         if scorable:
             metrics[f"{key}/entity_accuracy"] = sum(r["entity_correct"] for r in scorable) / len(scorable)
+            if with_prior:
+                metrics[f"{key}/prior_entity_accuracy"] = sum(r["prior_correct"] for r in scorable) / len(scorable)
     return metrics
 
 
@@ -140,7 +154,7 @@ def run(config) -> dict:
     from eae_platform.evaluate.probes import load_probes
 
     dev = device()
-    probe_set = load_probes(config.data, config.max_per_relation, config.seed)
+    probe_set = load_probes(config.data, config.max_per_relation, config.seed, config.stated_in or None)
     model, vocab_dir = load(config.model, config.mlflow_uri, dev)
     resolver = AnswerResolver.from_dir(vocab_dir) if model.entity_pred is not None and vocab_dir else None
     skipped = Counter(probe_set.skipped)
@@ -149,6 +163,7 @@ def run(config) -> dict:
     rows = score(model, encoded, dev, max(config.batch_size, 64))
     metrics = aggregate(rows)
     counts = {f"skipped/{k}": v for k, v in sorted(skipped.items())}
+    counts.update({f"lama/{k}/available": v for k, v in sorted(probe_set.available.items())})
     with tracker(config, {"eae.model": config.model}, model.config) as t:
         t.log_metrics({**metrics, **counts}, step=0)
         with tempfile.TemporaryDirectory() as tmp:

@@ -41,6 +41,10 @@ class Probe:
     answer: str
     subject: str = ""  # the subject's name as it appears in text ("" when unknown)
     answers: list[str] = field(default_factory=list)  # accepted variants (answer included)
+    # synth with stated_in: "stated" when pretraining read the subject's article (its training
+    # split), else "unstated"; "" otherwise
+    group: str = ""
+    prior: str = ""  # the relation's most frequent answer (the prior-only baseline's guess)
 
     def __post_init__(self) -> None:
         if self.text.count(MASK) != 1:
@@ -53,6 +57,9 @@ class Probe:
 class ProbeSet:
     probes: list[Probe]
     skipped: Counter  # "<source>/<reason>" -> count
+    # "<source>[/<group>]" -> probes before the cap (for synth, facts: the regime study's
+    # "facts per transformer parameter" counts the stated ones)
+    available: Counter = field(default_factory=Counter)
 
 
 SYNTH_TEMPLATES = {
@@ -89,7 +96,26 @@ def _cap(probes: list[Probe], max_per_relation: int, seed: int = 0) -> list[Prob
     return kept
 
 
-def synth_probes(world_dir: str | Path, skipped: Counter) -> list[Probe]:
+def stated_subjects(data_dir: str | Path):
+    """subject entity id of a synthetic world -> whether the pretraining data built into
+    `data_dir` (`eae data build --dump WORLD/world.xml`) holds its article in the training
+    split: the article that states its facts (page id = entity id + 1, split by the build's
+    own rule and fractions)."""
+    from eae_platform.preprocess.build import read_manifest
+    from eae_platform.preprocess.stages import split_of
+
+    settings = read_manifest(data_dir).get("settings", {})
+    dev, test = settings.get("dev_fraction"), settings.get("test_fraction")
+    if dev is None or test is None:
+        raise ValueError(f"{data_dir}/manifest.json names no dev/test fractions: not an `eae data build` output")
+    return lambda entity_id: split_of(entity_id + 1, dev, test) == "train"
+
+
+def synth_probes(world_dir: str | Path, skipped: Counter, stated_in: str | Path | None = None) -> list[Probe]:
+    """One probe per fact of the world. stated_in: a data directory built from the world;
+    each probe's group says whether pretraining read the fact (`stated_subjects`). Each
+    probe's prior is its relation's most frequent answer among the facts pretraining read
+    (all facts without stated_in)."""
     world_dir = Path(world_dir)
     for name in ("facts.jsonl", "entities.jsonl"):
         if not (world_dir / name).is_file():
@@ -98,7 +124,8 @@ def synth_probes(world_dir: str | Path, skipped: Counter) -> list[Probe]:
     for line in (world_dir / "entities.jsonl").read_text().splitlines():
         e = json.loads(line)
         entities[e["id"]] = e
-    out = []
+    stated = stated_subjects(stated_in) if stated_in else None
+    out, seen = [], defaultdict(Counter)  # relation -> answers of the facts pretraining read
     for line in (world_dir / "facts.jsonl").read_text().splitlines():
         f = json.loads(line)
         template = SYNTH_TEMPLATES.get(f["relation"])
@@ -106,8 +133,13 @@ def synth_probes(world_dir: str | Path, skipped: Counter) -> list[Probe]:
             skipped["synth/unknown_relation"] += 1
             continue
         s, o = entities[f["subject_id"]], entities[f["object_id"]]
+        group = "" if stated is None else "stated" if stated(f["subject_id"]) else "unstated"
+        if group != "unstated":
+            seen[f["relation"]][o["title"]] += 1
         out.append(Probe("synth", f["relation"], fill(template, s["name"]), o["title"], s["name"],
-                         [o["title"], o["name"], *o["aliases"]]))
+                         [o["title"], o["name"], *o["aliases"]], group))
+    for p in out:  # ties: the first answer counted (Counter keeps insertion order)
+        p.prior = seen[p.relation].most_common(1)[0][0] if seen[p.relation] else ""
     return out
 
 
@@ -300,8 +332,9 @@ def lama_probes(path: str | Path, skipped: Counter) -> list[Probe]:
     return out
 
 
-def load_probes(spec: str, max_per_relation: int = 200, seed: int = 0) -> ProbeSet:
-    """Probes of every source of a comma-separated spec (see the module docstring)."""
+def load_probes(spec: str, max_per_relation: int = 200, seed: int = 0, stated_in: str | None = None) -> ProbeSet:
+    """Probes of every source of a comma-separated spec (see the module docstring); stated_in:
+    the pretraining data built from a synth world (`synth_probes`)."""
     if not spec:
         raise ValueError("no probe source: give e.g. synth:DIR,geonames,countryinfo,wordnet,bsdgames,lama:FILE")
     skipped: Counter = Counter()
@@ -309,7 +342,7 @@ def load_probes(spec: str, max_per_relation: int = 200, seed: int = 0) -> ProbeS
     for part in spec.split(","):
         kind, _, arg = part.strip().partition(":")
         if kind == "synth":
-            probes = synth_probes(arg, skipped)
+            probes = synth_probes(arg, skipped, stated_in)
         elif kind == "geonames":
             probes = geonames_probes(skipped)
         elif kind == "countryinfo":
@@ -324,7 +357,9 @@ def load_probes(spec: str, max_per_relation: int = 200, seed: int = 0) -> ProbeS
             raise ValueError(f"unknown probe source {kind!r}: use synth:DIR, geonames, countryinfo, wordnet, "
                              "bsdgames or lama:FILE")
         by_source[kind] += probes
+    available = Counter(p.source for kind in by_source for p in by_source[kind])
+    available.update(f"{p.source}/{p.group}" for kind in by_source for p in by_source[kind] if p.group)
     probes = [p for kind in by_source for p in _cap(by_source[kind], max_per_relation, seed)]
     if not probes:
         raise ValueError(f"the probe sources {spec!r} gave no probe (skipped: {dict(skipped)})")
-    return ProbeSet(probes, skipped)
+    return ProbeSet(probes, skipped, available)

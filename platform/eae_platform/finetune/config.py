@@ -43,6 +43,9 @@ class FinetuneConfig:
     dev_fraction: float = 0.1  # carved from train when a dataset has no dev file
     top_k: int = 5  # ranked predictions kept per question
     evaluate_test: bool = True  # False in sweeps: test is evaluated once, for the selected trial
+    # synth:DIR only: the `eae data build` directory pretraining read; EM is also reported for
+    # questions whose fact pretraining read (`<split>/em_stated`) and the others (`_unstated`)
+    stated_in: str | None = None
     seed: int = 0
     log_every: int = 10
     experiment: str = "eae-qa"
@@ -100,7 +103,7 @@ def absolute_paths(config: FinetuneConfig) -> FinetuneConfig:
     fmt, sep, rest = config.data.partition(":")
     if sep and rest:
         values["data"] = f"{fmt}:" + ",".join(local(p) for p in rest.split(","))
-    for key in ("vocab", "out", "crash_once_file"):
+    for key in ("vocab", "out", "crash_once_file", "stated_in"):
         if values[key]:
             values[key] = local(values[key])
     return FinetuneConfig(**values)

@@ -11,8 +11,10 @@ reported beside it as the paper does.
 
 MLflow (one run, a child of `parent_run_id` in sweeps): the whole config and the pretrained
 model's config as params; `train/loss` (+ per head), `train/lr`; `dev/em`, `dev/oracle`, and
-`test/em`, `test/oracle` when test is evaluated; counts as `data/*`; predictions as
-`predictions/<split>.jsonl` artifacts.
+`test/em`, `test/oracle` when test is evaluated, beside the prior-only baseline `<split>/prior_em`
+(synth: always the relation's most frequent training answer) and, with `finetune.stated_in`, EM
+for the questions whose fact pretraining read (`<split>/em_stated`) and the rest (`_unstated`);
+counts as `data/*`; predictions as `predictions/<split>.jsonl` artifacts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 import shutil
 import tempfile
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from eae_model.config import EaEConfig
 from eae_model.model import EaEModel
 from eae_model.mentions import Mentions
 from eae_model.qa.encode import EncodedQuestion, QAEncoder
-from eae_model.qa.examples import SPLITS, QAExample, load_dataset
+from eae_model.qa.examples import SPLITS, QAExample, load_dataset, normalize_answer
 from eae_model.qa.resolve import AnswerResolver
 from eae_model.tokenizer import WordPieceTokenizer
 from eae_platform.finetune.config import FinetuneConfig
@@ -137,6 +140,38 @@ class QATask:
         n = len(examples)
         return {"em": correct / n if n else math.nan, "oracle": self.oracle(split), "questions": n}, predictions
 
+    def prior_answers(self) -> dict[str, str]:
+        """relation -> its most frequent answer among the training questions (datasets whose
+        questions name their relation: synth): the prior-only baseline's answer."""
+        counts: dict[str, Counter] = defaultdict(Counter)
+        for ex in self.examples["train"]:
+            if ex.meta.get("relation"):
+                counts[ex.meta["relation"]][ex.answers[0]] += 1
+        return {r: c.most_common(1)[0][0] for r, c in counts.items()}
+
+    def breakdown(self, split: str, predictions: list[dict], stated=None) -> dict[str, float]:
+        """EM of `split` beside the prior-only baseline (`prior_em`: always the relation's most
+        frequent training answer), overall and, given stated(subject_id) -> bool (which facts
+        pretraining read, `probes.stated_subjects`), per group: `em_stated`, `em_unstated`,
+        with their question counts. Empty for datasets without relations."""
+        prior = self.prior_answers()
+        if not prior:
+            return {}
+        groups: dict[str, list[tuple[bool, bool]]] = defaultdict(list)  # group -> (correct, prior correct)
+        for ex, row in zip(self.examples[split], predictions):
+            guess = prior.get(ex.meta.get("relation"))
+            hit = guess is not None and normalize_answer(guess) in {normalize_answer(a) for a in ex.answers}
+            groups[""].append((row["correct"], hit))
+            if stated is not None and ex.meta.get("subject_id") is not None:
+                groups["_stated" if stated(ex.meta["subject_id"]) else "_unstated"].append((row["correct"], hit))
+        out = {}
+        for g, rows in groups.items():
+            out[f"{split}/prior_em{g}"] = sum(p for _, p in rows) / len(rows)
+            if g:
+                out[f"{split}/em{g}"] = sum(c for c, _ in rows) / len(rows)
+                out[f"{split}/questions{g}"] = len(rows)
+        return out
+
 
 def _autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -224,12 +259,18 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
             if report:
                 report({"step": step, "dev_em": dev["em"]}, None)
 
+    stated = None
+    if config.stated_in:
+        from eae_platform.evaluate.probes import stated_subjects
+
+        stated = stated_subjects(config.stated_in)
     dev, dev_predictions = task.evaluate(model, "dev", device)
-    metrics = {"dev/em": dev["em"], "dev/oracle": dev["oracle"]}
+    metrics = {"dev/em": dev["em"], "dev/oracle": dev["oracle"], **task.breakdown("dev", dev_predictions, stated)}
     predictions = {"dev": dev_predictions}
     if config.evaluate_test:
         test, predictions["test"] = task.evaluate(model, "test", device)
-        metrics.update({"test/em": test["em"], "test/oracle": test["oracle"]})
+        metrics.update({"test/em": test["em"], "test/oracle": test["oracle"],
+                        **task.breakdown("test", predictions["test"], stated)})
     tracker.log_metrics(metrics, step=steps)
     with tempfile.TemporaryDirectory() as tmp:
         for split, rows in predictions.items():

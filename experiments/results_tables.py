@@ -1,12 +1,30 @@
-"""Markdown tables of the reproduction's MLflow runs (experiments/reproduce.sh), as pasted into
-docs/results.md: every number comes from the runs, none is typed by hand.
+"""Markdown tables of the project's studies, printed from their MLflow stores: every number in
+docs/results.md comes from the runs, none is typed by hand.
 
+    # the regime study (experiments/regime/, docs/results.md): archives of its cells' stores
+    .venv/bin/python experiments/results_tables.py docs/results/regime-*.mlruns.tar.xz [--figure docs/results/regime.svg]
+    # the small CPU reproduction (experiments/reproduce.sh, docs/results/cpu-reproduction.md)
     .venv/bin/python experiments/results_tables.py runs/reproduce/mlflow.db [runs/reproduce-wiki/mlflow.db]
+
+The regime study: a cell is one (world, size, variant, seed); its store holds the pretraining
+run (named after the cell), `lama-<cell>` (fact recall on probes), `masked-<cell>` (masked
+hyperlink prediction on the test articles) and `qa-<cell>` (closed-book QA). Per world and
+size, EaE's gap over No-EaE is paired by seed: its mean and a 95% t-interval over the seeds
+(n - 1 degrees of freedom); a claim counts as reproduced only when that interval excludes 0.
+Single figures carry a 95% Wilson interval over their questions or probes.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import math
+import os
+import re
+import statistics
+import tarfile
+import tempfile
+from collections import defaultdict
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
@@ -116,10 +134,242 @@ def analysis(client: MlflowClient) -> None:
                       pct(m, "overlap/prediction_overlap")]]) + "\n")
 
 
+
+
+# --- the regime study ----------------------------------------------------------------------
+
+CELL = re.compile(r"^w(?P<world>\d+)-(?P<size>[a-z]+)-(?P<variant>[a-z_]+)-s(?P<seed>\d+)$")
+# metric: (run name prefix, MLflow key, label); "" prefix: the pretraining run
+METRICS = {
+    "recall_stated": ("lama-", "lama/synth/stated/entity_accuracy", "fact recall, facts pretraining read"),
+    "recall_unstated": ("lama-", "lama/synth/unstated/entity_accuracy", "fact recall, held-out facts"),
+    "masked_entity": ("masked-", "test/entity_accuracy", "masked entity acc (test articles)"),
+    "masked_token": ("masked-", "test/token_accuracy", "masked token acc"),
+    "masked_ppl": ("masked-", "test/perplexity", "masked PPL"),
+    "qa_em": ("qa-", "test/em", "QA test EM"),
+    "qa_em_stated": ("qa-", "test/em_stated", "QA test EM, facts pretraining read"),
+    "qa_em_unstated": ("qa-", "test/em_unstated", "QA test EM, held-out facts"),
+}
+PRIORS = {"recall_stated": ("lama-", "lama/synth/stated/prior_entity_accuracy"),
+          "recall_unstated": ("lama-", "lama/synth/unstated/prior_entity_accuracy"),
+          "qa_em": ("qa-", "test/prior_em"), "qa_em_stated": ("qa-", "test/prior_em_stated"),
+          "qa_em_unstated": ("qa-", "test/prior_em_unstated")}
+COUNTS = {"recall_stated": ("lama-", "lama/synth/stated/entity_probes"),
+          "recall_unstated": ("lama-", "lama/synth/unstated/entity_probes"),
+          "masked_entity": ("masked-", "test/entities"), "qa_em": ("qa-", "data/test_questions"),
+          "qa_em_stated": ("qa-", "test/questions_stated"), "qa_em_unstated": ("qa-", "test/questions_unstated")}
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def read_cells(path: Path) -> dict[str, dict[str, dict]]:
+    """{cell: {run name: {"metrics": ..., "params": ..., "status": ...}}} from a directory of
+    cell stores or a .tar.xz of one (collect.sh), the latest run of each name."""
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    if path.is_file():
+        tmp = Path(tempfile.mkdtemp(prefix="regime-"))
+        with tarfile.open(path) as tar:
+            tar.extractall(tmp, filter="data")
+        path = tmp / "mlruns"
+    cells = {}
+    for store in sorted(p for p in path.iterdir() if CELL.match(p.name)):
+        client = MlflowClient(tracking_uri=f"file://{store.resolve()}")
+        runs = {}
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        for r in sorted(client.search_runs(experiments), key=lambda r: r.info.start_time):
+            runs[r.info.run_name] = {"metrics": dict(r.data.metrics), "params": dict(r.data.params),
+                                     "status": r.info.status}
+        cells[store.name] = runs
+    return cells
+
+
+def value(runs: dict, cell: str, prefix: str, key: str):
+    run = runs.get(prefix + cell)
+    return None if run is None or run["status"] != "FINISHED" else run["metrics"].get(key)
+
+
+def transformer_params(params: dict) -> int:
+    """The transformer layers' parameters (l0 + l1 stacks: what EaE and No-EaE share), from
+    the pretraining run's model.* params."""
+    from eae_model.config import EaEConfig
+    from eae_model.summary import parameter_counts
+
+    fields = {k[len("model."):]: v for k, v in params.items() if k.startswith("model.")}
+    import yaml
+
+    config = EaEConfig.from_dict({k: yaml.safe_load(v) for k, v in fields.items() if k != "preset"})
+    counts = parameter_counts(config)
+    return counts["transformer_l0"] + counts["transformer_l1"]
+
+
+def wilson(p: float, n: float) -> tuple[float, float]:
+    if not n:
+        return math.nan, math.nan
+    z = 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and the half-width of its 95% t-interval (nan for one value)."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    sd = statistics.stdev(xs)
+    return m, sd, T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+
+
+def percent(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}"
+
+
+def summarize(cells: dict) -> tuple[dict, dict]:
+    """groups[(world, size, variant)] = {metric: [per-seed values], "seeds": [...], ...} and
+    setting[(world, size)] = {facts, transformer params, table params}."""
+    groups: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
+    setting: dict[tuple, dict] = {}
+    for cell, runs in cells.items():
+        m = CELL.match(cell)
+        key = (int(m["world"]), m["size"], m["variant"])
+        pre = runs.get(cell)
+        if pre is None or pre["status"] != "FINISHED":
+            continue
+        g = groups[key]
+        g["seeds"].append(int(m["seed"]))
+        for name, (prefix, metric, _) in METRICS.items():
+            g[name].append(value(runs, cell, prefix, metric))
+            if name in PRIORS:
+                g[f"{name}_prior"].append(value(runs, cell, *PRIORS[name]))
+            if name in COUNTS:
+                g[f"{name}_n"].append(value(runs, cell, *COUNTS[name]))
+        facts = value(runs, cell, "lama-", "lama/synth/stated/available")
+        params = pre["params"]
+        if facts is not None and m["variant"] == "eae":
+            setting[key[:2]] = {"facts": facts, "transformer": transformer_params(params),
+                                "table": int(params["model.num_entities"]) * int(params["model.entity_dim"]),
+                                "steps": int(params["train.max_steps"]), "batch": int(params["train.batch_size"])}
+    return groups, setting
+
+
+def print_tables(cells: dict, figure: Path | None) -> None:
+    groups, setting = summarize(cells)
+    print("### Settings\n")
+    rows = []
+    for (w, z), s in sorted(setting.items()):
+        rows.append([f"{w:,}", z, f"{s['facts']:,.0f}", f"{s['transformer']:,}", f"{s['facts'] / s['transformer']:.3f}",
+                     f"{s['table']:,}", f"{s['steps']:,} x {s['batch']}"])
+    print(table(["world (entities)", "transformer", "facts stated in pretraining text", "transformer params",
+                 "facts per transformer param", "entity table params (EaE)", "steps x batch"], rows) + "\n")
+
+    print("### Every figure: mean ± sd over seeds [95% t-interval of the mean] (prior-only baseline; "
+          "questions or probes per seed)\n")
+    head = ["world", "transformer", "model", "seeds"] + [METRICS[k][2] for k in METRICS]
+    rows = []
+    for (w, z, v), g in sorted(groups.items()):
+        row = [f"{w:,}", z, v, str(len(g["seeds"]))]
+        for k in METRICS:
+            xs = [x for x in g[k] if x is not None]
+            if not xs:
+                row.append("–")
+                continue
+            mean, sd, half = mean_ci(xs)
+            scale, fmt = (1, "{:.1f}") if k == "masked_ppl" else (100, "{:.1f}")
+            cell = fmt.format(mean * scale)
+            if len(xs) > 1:
+                cell += f" ± {fmt.format(sd * scale)} [{fmt.format((mean - half) * scale)}, {fmt.format((mean + half) * scale)}]"
+            ns = [x for x in g.get(f"{k}_n", []) if x is not None]
+            if len(xs) == 1 and ns:  # one seed: the interval over its questions or probes
+                lo, hi = wilson(xs[0], ns[0])
+                cell += f" [{percent(lo)}, {percent(hi)}]"
+            priors = [x for x in g.get(f"{k}_prior", []) if x is not None]
+            notes = ([f"prior {percent(statistics.fmean(priors))}"] if priors else []) + ([f"n={ns[0]:,.0f}"] if ns else [])
+            if notes:
+                cell += f" ({'; '.join(notes)})"
+            row.append(cell)
+        rows.append(row)
+    print(table(head, rows) + "\n")
+
+    print("### EaE − No-EaE, paired by seed: mean gap [95% t-interval] (points)\n")
+    gaps = {}
+    rows = []
+    for (w, z), s in sorted(setting.items()):
+        eae, no = groups.get((w, z, "eae")), groups.get((w, z, "no_eae"))
+        if not eae or not no:
+            continue
+        row = [f"{w:,}", z, f"{s['facts'] / s['transformer']:.3f}"]
+        for k in METRICS:
+            a = dict(zip(eae["seeds"], eae[k]))
+            b = dict(zip(no["seeds"], no[k]))
+            diffs = [a[x] - b[x] for x in a if x in b and a[x] is not None and b[x] is not None]
+            if not diffs:
+                row.append("–")
+                continue
+            mean, _, half = mean_ci(diffs)
+            scale = 1 if k == "masked_ppl" else 100
+            gaps[(w, z, k)] = (mean * scale, half * scale, len(diffs))
+            better = -1 if k == "masked_ppl" else 1  # PPL: lower is better
+            verdict = "" if math.isnan(half) else (" ✓" if better * mean - half > 0 else " ✗" if better * mean + half < 0 else " ~")
+            row.append(f"{mean * scale:+.1f} [{(mean - half) * scale:+.1f}, {(mean + half) * scale:+.1f}]{verdict}"
+                       if not math.isnan(half) else f"{mean * scale:+.1f} (n=1)")
+        rows.append(row)
+    print(table(["world", "transformer", "facts / param"] + [METRICS[k][2] for k in METRICS], rows))
+    print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better, the interval excludes 0; "
+          "~: the interval holds 0 (not reproduced). PPL: lower is better, so a negative gap favours EaE.\n")
+    if figure:
+        draw(setting, gaps, figure)
+
+
+def draw(setting: dict, gaps: dict, path: Path) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for k, marker in (("recall_stated", "o"), ("masked_entity", "s"), ("qa_em", "^")):
+        points = sorted((setting[(w, z)]["facts"] / setting[(w, z)]["transformer"], *gaps[(w, z, kk)], z)
+                        for (w, z, kk) in gaps if kk == k)
+        if not points:
+            continue
+        xs = [p[0] for p in points]
+        ax.errorbar(xs, [p[1] for p in points], yerr=[0 if math.isnan(p[2]) else p[2] for p in points],
+                    marker=marker, capsize=4, label=METRICS[k][2])
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    xs = sorted({s["facts"] / s["transformer"] for s in setting.values()})
+    ax.set_xticks(xs, [f"{x:.3g}" for x in xs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("facts stated in pretraining text per transformer parameter")
+    ax.set_ylabel("EaE − No-EaE (points, 95% interval over seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    print(f"figure: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="docs/results.md's tables from MLflow stores")
+    parser.add_argument("stores", nargs="+", type=Path, help="regime: collect.sh archives (.tar.xz) or directories "
+                        "of cell stores; reproduction: mlflow.db [wiki mlflow.db]")
+    parser.add_argument("--figure", type=Path, help="regime: write the gap-vs-regime figure here (.svg or .png)")
+    args = parser.parse_args()
+    if all(p.suffix == ".db" for p in args.stores):
+        synth = MlflowClient(f"sqlite:///{args.stores[0]}")
+        synthetic(synth)
+        analysis(synth)
+        if len(args.stores) > 1:
+            print("## Wikipedia sample\n")
+            synthetic(MlflowClient(f"sqlite:///{args.stores[1]}"), prefix="wiki-")
+        return
+    cells = {}
+    for path in args.stores:
+        cells.update(read_cells(path))
+    print_tables(cells, args.figure)
+
+
 if __name__ == "__main__":
-    synth = MlflowClient(f"sqlite:///{sys.argv[1]}")
-    synthetic(synth)
-    analysis(synth)
-    if len(sys.argv) > 2:
-        print("## Wikipedia sample\n")
-        synthetic(MlflowClient(f"sqlite:///{sys.argv[2]}"), prefix="wiki-")
+    main()

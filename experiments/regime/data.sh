@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Stage 1 of the regime study: each synthetic world (`eae data synth`, world seed 0) and its
+# pretraining shards (`eae data build`: 5% of articles held out for dev, 5% for test), the
+# worlds side by side. Skips what exists.
+#   experiments/regime/data.sh        (settings: experiments/regime/settings.sh)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+. experiments/regime/settings.sh
+mkdir -p "$STUDY/logs"
+pids=()
+for w in $WORLDS; do
+  [ -f "$(data_dir "$w")/manifest.json" ] && { say "world $w: $(data_dir "$w") exists"; continue; }
+  (
+    eae data synth --entities "$w" --seed 0 --out "$(world_dir "$w")" &&
+    eae data build --dump "$(world_dir "$w")/world.xml" --out "$(data_dir "$w")" --dev-fraction 0.05 \
+      --test-fraction 0.05 --shard-rows 5000 --partition-mb 8
+  ) > "$STUDY/logs/data-w$w.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+for w in $WORLDS; do
+  grep -h "^built" "$STUDY/logs/data-w$w.log" 2>/dev/null | sed "s/^/[world $w] /" || true
+  [ -f "$(data_dir "$w")/manifest.json" ] || { say "world $w failed:"; tail -20 "$STUDY/logs/data-w$w.log"; }
+done
+exit $status

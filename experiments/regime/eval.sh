@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Stage 4 of the regime study, for every pretrained cell, side by side:
+#   eae eval lama    fact recall: a cloze probe per fact of the world ("[X] was born in
+#                    [MASK] ."), split into facts pretraining read (their article is in the
+#                    training split: eval.stated_in) and the rest, beside the prior-only baseline
+#   eae eval masked  masked hyperlink prediction on the held-out test articles (Table 2),
+#                    5 maskings pooled
+# Skips what is done.   experiments/regime/eval.sh
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+. experiments/regime/settings.sh
+pids=()
+while read -r w z v s; do
+  cell=$(cell_name "$w" "$z" "$v" "$s")
+  [ -f "$STUDY/models/$cell/config.json" ] || { say "$cell: not pretrained yet"; continue; }
+  (
+    export MLFLOW_TRACKING_URI; MLFLOW_TRACKING_URI=$(store "$cell")
+    # shellcheck disable=SC2046
+    grep -q "^MLflow run:" "$STUDY/logs/lama-$cell.log" 2>/dev/null ||
+      eae eval lama --model "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" $(task_resources) \
+        --set eval.stated_in="$(data_dir "$w")" --set eval.max_per_relation="$PROBES" \
+        --set eval.run_name="lama-$cell" > "$STUDY/logs/lama-$cell.log" 2>&1
+    # shellcheck disable=SC2046
+    grep -q "^MLflow run:" "$STUDY/logs/masked-$cell.log" 2>/dev/null ||
+      eae eval masked --model "$STUDY/models/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
+        --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.run_name="masked-$cell" \
+        > "$STUDY/logs/masked-$cell.log" 2>&1
+  ) &
+  pids+=($!)
+done < <(cells)
+say "evaluating ${#pids[@]} cell(s) side by side"
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+while read -r w z v s; do
+  cell=$(cell_name "$w" "$z" "$v" "$s")
+  [ -f "$STUDY/logs/lama-$cell.log" ] || continue
+  echo "$cell: $(grep -hE "^lama/synth/stated/entity_accuracy|^eae: error" "$STUDY/logs/lama-$cell.log" | tr -s ' ' | tail -1)" \
+    "| $(grep -hE "^test/entity_accuracy|^eae: error" "$STUDY/logs/masked-$cell.log" 2>/dev/null | tr -s ' ' | tail -1)"
+done < <(cells)
+exit $status

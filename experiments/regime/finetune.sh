@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Stage 3 of the regime study: closed-book QA fine-tuning of every pretrained cell on its
+# world's questions (`eae finetune qa --data synth:WORLD`: train questions for training; dev and
+# test questions are about facts never asked in training), side by side. EM is reported for all
+# test questions, for those whose fact pretraining read (finetune.stated_in) and the rest,
+# beside the prior-only baseline (the relation's most frequent training answer). Skips done cells.
+#   experiments/regime/finetune.sh
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+. experiments/regime/settings.sh
+pids=()
+while read -r w z v s; do
+  cell=$(cell_name "$w" "$z" "$v" "$s")
+  [ -f "$STUDY/models/$cell/config.json" ] || { say "$cell: not pretrained yet"; continue; }
+  grep -q "^MLflow run:" "$STUDY/logs/qa-$cell.log" 2>/dev/null && continue
+  # shellcheck disable=SC2046
+  MLFLOW_TRACKING_URI=$(store "$cell") eae finetune qa --init "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" \
+    --max-steps "$QA_STEPS" --batch-size "$QA_BATCH" --lr "$QA_LR" $(task_resources) \
+    --set finetune.seed="$s" --set finetune.run_name="qa-$cell" --set finetune.experiment=regime-qa \
+    --set finetune.log_every=200 --set finetune.stated_in="$(data_dir "$w")" > "$STUDY/logs/qa-$cell.log" 2>&1 &
+  pids+=($!)
+done < <(cells)
+say "fine-tuning ${#pids[@]} cell(s) side by side"
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+while read -r w z v s; do
+  cell=$(cell_name "$w" "$z" "$v" "$s")
+  [ -f "$STUDY/logs/qa-$cell.log" ] && echo "$cell: $(grep -hE "^(test:|eae: error)" "$STUDY/logs/qa-$cell.log" | tail -1)"
+done < <(cells)
+exit $status

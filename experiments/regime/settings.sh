@@ -1,0 +1,63 @@
+# The regime study (docs/results.md): EaE and No-EaE at equal steps and tokens over synthetic
+# worlds of growing size, so that the facts a model must hold grow against its transformer's
+# parameters. Sourced by every stage script (data, pretrain, finetune, eval, collect); each
+# setting can be overridden from the environment, e.g. WORLDS="5000" SEEDS=0 STEPS=200.
+#
+# Cells are (world, size, variant, seed); a cell's pretraining, QA fine-tuning and evaluations
+# log to one MLflow store of its own ($STUDY/mlruns/<cell>, a file store: the cells run side by
+# side and each store has one writer at a time), which collect.sh packs for
+# experiments/results_tables.py.
+STUDY=$(realpath -m "${STUDY:-runs/regime}")
+WORLDS=${WORLDS:-"5000 100000"}       # entities per synthetic world (world seed 0)
+SIZES=${SIZES:-"small"}               # model presets (eae_model/config.py): small, medium
+VARIANTS=${VARIANTS:-"eae no_eae"}    # the paper's switches (variant_set below)
+SEEDS=${SEEDS:-"0 1 2"}               # training seeds (model initialisation, masks, QA order)
+STEPS=${STEPS:-5000}                  # pretraining steps, the same for every cell
+BATCH=${BATCH:-512}                   # contexts per step
+LR=${LR:-1e-3}                        # Adam, 5% warmup then linear decay (the paper's shape)
+QA_STEPS=${QA_STEPS:-2000}; QA_BATCH=${QA_BATCH:-128}; QA_LR=${QA_LR:-1e-3}
+PROBES=${PROBES:-1000}                # synthetic probes kept per relation (eae eval lama)
+DEVICE=${DEVICE:-$(command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 && echo gpu || echo cpu)}
+# train.time_budget_s of each pretraining launch (unset: none); a paused cell continues when
+# pretrain.sh runs again
+BUDGET_S=${BUDGET_S:-}
+EAE_CMD=${EAE_CMD:-$( [ -x .venv/bin/eae ] && echo .venv/bin/eae || echo eae )}
+export MLFLOW_ALLOW_FILE_STORE=true
+
+eae() { $EAE_CMD "$@"; }
+
+cells() {  # one line per cell: WORLD SIZE VARIANT SEED
+  for w in $WORLDS; do for z in $SIZES; do for v in $VARIANTS; do for s in $SEEDS; do
+    echo "$w $z $v $s"
+  done; done; done; done
+}
+ncells() { cells | wc -l; }
+cell_name() { echo "w$1-$2-$3-s$4"; }
+store() { echo "file://$STUDY/mlruns/$1"; }  # a cell's MLflow store
+world_dir() { echo "$STUDY/worlds/w$1"; }
+data_dir() { echo "$STUDY/data/w$1"; }
+
+variant_set() {  # the paper's ablations as switches of a preset
+  case "$1" in
+    eae) echo "" ;;
+    no_eae) echo "--set model.use_entity_memory=false" ;;
+    eae_unsup) echo "--set model.memory_el_supervision=false --set model.k_inference=null" ;;
+    mm) echo "--set model.use_entity_memory=false --set model.use_entity_pred=false --set model.use_mention_detection=false" ;;
+    *) echo "unknown variant $1" >&2; return 2 ;;
+  esac
+}
+
+# Every cell side by side: each pretraining worker (and each evaluation task) gets an equal
+# share of the GPU; on CPUs each gets half a core (Ray's logical CPUs).
+share() { awk -v n="$(ncells)" 'BEGIN { printf "%.3f", 0.999 / n }'; }
+device_set() {
+  if [ "$DEVICE" = gpu ]; then
+    echo "--set train.use_gpu=true --set train.gpus_per_worker=$(share) --set train.cpus_per_worker=1"
+  else
+    echo "--set train.use_gpu=false --set train.cpus_per_worker=0.5"
+  fi
+}
+task_resources() {  # eae finetune / eae eval: the Ray task's share
+  if [ "$DEVICE" = gpu ]; then echo "--gpus $(share) --cpus 1"; else echo "--gpus 0 --cpus 0.5"; fi
+}
+say() { echo "[regime $(date -u +%T)] $*"; }

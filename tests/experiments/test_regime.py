@@ -1,0 +1,47 @@
+"""The regime study's stage scripts (experiments/regime/) end to end on CPUs, on the session's
+Ray cluster: a 300-entity world, EaE and No-EaE for one seed; pretraining paused by its time
+budget and continued by running the stage again; QA fine-tuning, the evaluations, the stores'
+archive and the tables printed from it (experiments/results_tables.py)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _stage(name, env, *args):
+    return subprocess.run([str(REPO / "experiments" / "regime" / f"{name}.sh"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
+           "WORLDS": "300", "SEEDS": "0", "STEPS": "200", "BATCH": "16", "QA_STEPS": "20", "QA_BATCH": "16",
+           "PROBES": "20", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli"}
+    assert _stage("data", env).returncode == 0
+    paused = _stage("pretrain", {**env, "BUDGET_S": "0.001"})  # checked every 100 steps: both stop at 100
+    assert paused.returncode == 10, paused.stdout + paused.stderr
+    assert paused.stdout.count("paused at step 100 of 200") == 2, paused.stdout
+    done = _stage("pretrain", env)
+    assert done.returncode == 0 and done.stdout.count("finished at step 200") == 2, done.stdout + done.stderr
+    for cell in ("w300-small-eae-s0", "w300-small-no_eae-s0"):
+        assert (tmp_path / "study" / "models" / cell / "config.json").is_file()
+    qa = _stage("finetune", env)
+    assert qa.returncode == 0 and qa.stdout.count("test: EM") == 2, qa.stdout + qa.stderr
+    evaluated = _stage("eval", env)
+    assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
+    archive = tmp_path / "stores.tar.xz"
+    assert _stage("collect", env, str(archive)).returncode == 0
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(archive), "--figure",
+                             str(tmp_path / "regime.svg")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr
+    out = tables.stdout
+    # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
+    assert "| 300 | small |" in out and "396,544" in out and "200 x 16" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 300 | small | ")]
+    assert len(rows) == 4  # settings, one row per model, the gap
+    gap = out.split("### EaE − No-EaE")[1]
+    assert "| 300 | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
+    assert (tmp_path / "regime.svg").stat().st_size > 1000

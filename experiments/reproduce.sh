@@ -4,7 +4,7 @@
 #   masked hyperlink prediction (Table 2), LAMA-style probes (Table 3), QA fine-tuning with the
 #   same budget (Table 4), top-K at inference (Table 7), QA analysis (Figure 3) and the
 #   prediction overlap / oracle of EaE and No-EaE (Table 8).
-# CPU, 2 cores: ~40 minutes at the defaults. Results: docs/results.md.
+# CPU, 2 cores: ~40 minutes at the defaults. Results: docs/results/cpu-reproduction.md.
 #   experiments/reproduce.sh [ENTITIES] [PRETRAIN_STEPS] [FINETUNE_STEPS] [OUT] [STAGES]
 # STAGES: "train eval" (default), or one of them (eval reuses the trained models in OUT); "wiki"
 # adds EaE and No-EaE on the real Wikipedia sample that ships in gensim (same budget), probed with

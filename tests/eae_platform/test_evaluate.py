@@ -222,3 +222,46 @@ def test_bad_eval_input_is_a_clear_error(synth_pretrained, capsys):
     assert "exactly 2" in capsys.readouterr().err
     assert cli.main(["eval", "masked", "--model", str(tmp / "model"), "--data", str(tmp / "world")]) == 2
     assert "no test shards" in capsys.readouterr().err
+
+
+def test_synth_probes_are_split_by_what_pretraining_read(synth_pretrained):
+    """eval.stated_in: a fact is "stated" exactly when its subject's article went to the
+    training shards (read back from the shards' article titles), and each probe's prior is its
+    relation's most frequent answer among the stated facts."""
+    import collections
+
+    import pyarrow.parquet as pq
+
+    tmp, _, _ = synth_pretrained
+    trained = {t for f in (tmp / "data" / "shards" / "train").glob("*.parquet")
+               for t in pq.read_table(f, columns=["article_title"]).column(0).to_pylist()}
+    probes = load_probes(f"synth:{tmp / 'world'}", max_per_relation=100_000, stated_in=str(tmp / "data")).probes
+    facts = [json.loads(x) for x in (tmp / "world" / "facts.jsonl").read_text().splitlines()]
+    names = {e["id"]: e["name"] for e in map(json.loads, (tmp / "world" / "entities.jsonl").read_text().splitlines())}
+    assert len(probes) == len(facts)
+    expected = collections.Counter((names[f["subject_id"]], f["relation"], "stated" if f["subject"] in trained else "unstated")
+                                   for f in facts)
+    assert collections.Counter((p.subject, p.relation, p.group) for p in probes) == expected
+    assert 0 < expected.total() - sum(n for k, n in expected.items() if k[2] == "stated") < expected.total()
+    answers = collections.defaultdict(collections.Counter)
+    for f in facts:
+        if f["subject"] in trained:
+            answers[f["relation"]][f["object"]] += 1
+    for p in probes:
+        assert answers[p.relation][p.prior] == max(answers[p.relation].values())
+
+
+def test_lama_groups_and_prior_baseline_are_counted_per_group():
+    """lama.aggregate on hand-made rows: accuracy and the prior-only baseline per group."""
+    def row(group, correct, prior):
+        return {"source": "synth", "relation": "born_in", "group": group, "token_correct": False,
+                "entity_correct": correct, "prior_correct": prior}
+
+    rows = [row("stated", True, False), row("stated", True, True), row("stated", False, True), row("stated", False, False),
+            row("unstated", False, True)]
+    m = lama.aggregate(rows)
+    assert m["lama/synth/stated/entity_accuracy"] == 2 / 4 and m["lama/synth/stated/prior_entity_accuracy"] == 2 / 4
+    assert m["lama/synth/unstated/entity_accuracy"] == 0 and m["lama/synth/unstated/prior_accuracy"] == 1
+    assert m["lama/synth/entity_accuracy"] == 2 / 5 and m["lama/synth/prior_accuracy"] == 3 / 5
+    other = [{**row("", True, None), "source": "geonames"}]
+    assert "lama/geonames/prior_accuracy" not in lama.aggregate(other)  # no prior for real probes

@@ -173,3 +173,27 @@ grid: {{lr: [1.0e-3, 3.0e-4, 1.0e-4], batch_size: [16, 32]}}
         load_space(_space(tmp, tmp_path, uri, "grid: {{lrr: [1.0e-3]}}\n"))
     with pytest.raises(ValueError, match="batch_size must be positive"):
         load_space(_space(tmp, tmp_path, uri, "grid: {{batch_size: [16, 0]}}\n"))
+
+
+def test_qa_em_is_broken_down_by_what_pretraining_read_beside_the_prior(synth_pretrained):
+    """QATask.breakdown on hand-set correctness: EM per group (stated / unstated) and the
+    prior-only baseline (always the relation's most frequent training answer)."""
+    import collections
+
+    tmp, _, _ = synth_pretrained
+    config = load_finetune_config(None, [], init=str(tmp / "model"), data=f"synth:{tmp / 'world'}")
+    task = QATask(config, resolve_init(config.init).vocab_dir, 128)
+    test = task.examples["test"]
+    rows = [{"correct": i % 3 == 0} for i in range(len(test))]  # every third answered right
+    stated = lambda subject_id: subject_id % 2 == 0  # noqa: E731 - a hand-made split
+    m = task.breakdown("test", rows, stated)
+    groups = collections.defaultdict(list)
+    for ex, r in zip(test, rows):
+        groups["stated" if ex.meta["subject_id"] % 2 == 0 else "unstated"].append(r["correct"])
+    for g, hits in groups.items():
+        assert m[f"test/questions_{g}"] == len(hits) and m[f"test/em_{g}"] == sum(hits) / len(hits)
+    top = collections.defaultdict(collections.Counter)
+    for ex in task.examples["train"]:
+        top[ex.meta["relation"]][ex.answers[0]] += 1
+    prior_hits = [top[ex.meta["relation"]].most_common(1)[0][0] in ex.answers for ex in test]
+    assert m["test/prior_em"] == sum(prior_hits) / len(test)

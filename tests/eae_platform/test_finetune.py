@@ -42,7 +42,7 @@ def test_finetuning_beats_the_untuned_model(synth_pretrained, capsys):
     m = qa_run.data.metrics
     assert m["dev/em"] > untuned["em"] + 0.05, (m["dev/em"], untuned["em"])
     assert m["test/oracle"] == 1.0 and 0 <= m["test/em"] <= 1 and m["data/train_dropped_unresolved"] == 0
-    assert f"dev: EM {100 * m['dev/em']:.1f} (oracle 100.0)" in out
+    assert f"dev: EM {100 * m['dev/em']:.1f} (oracle 100.0, prior-only baseline {100 * m['dev/prior_em']:.1f})" in out
     assert qa_run.data.params["finetune.init"] == "models:/eae-world@pretrained"
     assert qa_run.data.params["model.preset"] == "tiny"
     assert len(client.get_metric_history(qa_run.info.run_id, "train/loss")) == 3

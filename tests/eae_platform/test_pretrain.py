@@ -178,7 +178,9 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     plain_tmp, _, _ = uninterrupted
     config = _config(wiki, tmp_path, "crash", max_failures=1, mlflow_uri=server.url, register_as="eae-pg",
                      out=str(tmp_path / "model"))
-    watcher = _kill_rank_when(tmp_path, "crash", rank=0, step=6)
+    # killed at step 10: Ray Train registers a reported checkpoint asynchronously, and a kill two
+    # steps after the first one (step 6) once found none and restarted from step 0 (a CI run)
+    watcher = _kill_rank_when(tmp_path, "crash", rank=0, step=10)
     summary = run(config)
     watcher.join(timeout=5)
     pids = {json.loads(x)["pid"] for x in (tmp_path / "ray" / "crash" / "examples-rank0.jsonl").read_text().splitlines()}

@@ -164,14 +164,13 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 def read_cells(path: Path) -> dict[str, dict[str, dict]]:
     """{cell: {run name: {"metrics": ..., "params": ..., "status": ...}}} from a directory of
     cell stores or a .tar.xz of one (collect.sh), the latest run of each name."""
+    if path.is_file():
+        with tempfile.TemporaryDirectory(prefix="regime-") as tmp, tarfile.open(path) as tar:
+            tar.extractall(tmp, filter="data")
+            return read_cells(Path(tmp) / "mlruns")
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.tracking import MlflowClient
 
-    if path.is_file():
-        tmp = Path(tempfile.mkdtemp(prefix="regime-"))
-        with tarfile.open(path) as tar:
-            tar.extractall(tmp, filter="data")
-        path = tmp / "mlruns"
     cells = {}
     for store in sorted(p for p in path.iterdir() if CELL.match(p.name)):
         client = MlflowClient(tracking_uri=f"file://{store.resolve()}")

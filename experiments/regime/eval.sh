@@ -10,9 +10,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
 pids=()
-while read -r w z v s; do
-  cell=$(cell_name "$w" "$z" "$v" "$s")
-  [ -f "$STUDY/models/$cell/config.json" ] || { say "$cell: not pretrained yet"; continue; }
+while read -r w z v s cell; do
   (
     export MLFLOW_TRACKING_URI; MLFLOW_TRACKING_URI=$(store "$cell")
     # shellcheck disable=SC2046
@@ -27,7 +25,7 @@ while read -r w z v s; do
         > "$STUDY/logs/masked-$cell.log" 2>&1
   ) &
   pids+=($!)
-done < <(cells)
+done < <(pretrained_cells)
 say "evaluating ${#pids[@]} cell(s) side by side"
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done

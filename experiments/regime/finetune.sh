@@ -9,9 +9,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
 pids=()
-while read -r w z v s; do
-  cell=$(cell_name "$w" "$z" "$v" "$s")
-  [ -f "$STUDY/models/$cell/config.json" ] || { say "$cell: not pretrained yet"; continue; }
+while read -r w z v s cell; do
   grep -q "^MLflow run:" "$STUDY/logs/qa-$cell.log" 2>/dev/null && continue
   # shellcheck disable=SC2046
   MLFLOW_TRACKING_URI=$(store "$cell") eae finetune qa --init "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" \
@@ -19,7 +17,7 @@ while read -r w z v s; do
     --set finetune.seed="$s" --set finetune.run_name="qa-$cell" --set finetune.experiment=regime-qa \
     --set finetune.log_every=200 --set finetune.stated_in="$(data_dir "$w")" > "$STUDY/logs/qa-$cell.log" 2>&1 &
   pids+=($!)
-done < <(cells)
+done < <(pretrained_cells)
 say "fine-tuning ${#pids[@]} cell(s) side by side"
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done

@@ -32,6 +32,12 @@ cells() {  # one line per cell: WORLD SIZE VARIANT SEED
   done; done; done; done
 }
 ncells() { cells | wc -l; }
+pretrained_cells() {  # the cells with a model, one line each: WORLD SIZE VARIANT SEED CELL
+  cells | while read -r w z v s; do
+    cell=$(cell_name "$w" "$z" "$v" "$s")
+    if [ -f "$STUDY/models/$cell/config.json" ]; then echo "$w $z $v $s $cell"; else say "$cell: not pretrained yet" >&2; fi
+  done
+}
 cell_name() { echo "w$1-$2-$3-s$4"; }
 store() { echo "file://$STUDY/mlruns/$1"; }  # a cell's MLflow store
 world_dir() { echo "$STUDY/worlds/w$1"; }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from eae_model.tokenizer import WordPieceTokenizer
 SOURCE_LINK, SOURCE_ALIAS, SOURCE_NER = 0, 1, 2
 # Code points for which str.isspace() is true: the allowed cut positions.
 _SPACE_POINTS = np.array([c for c in range(0x3001) if chr(c).isspace()], dtype=np.uint32)
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
 
 
 @dataclass
@@ -47,10 +49,27 @@ class Context:
     mention_sources: list[int] = field(default_factory=list)
 
 
-def chunk_boundaries(text: str, spans: list[Span], chunk_bytes: int = 500) -> list[tuple[int, int]]:
+def paragraph_ranges(text: str, spans: list[Span]) -> list[tuple[int, int]]:
+    """Character ranges of `text` cut at its blank lines (a section's heading line stays with
+    the paragraph under it), never inside a mention."""
+    inside = [(s.start, s.end) for s in spans]
+    cuts = [m.end() for m in _BLANK_LINE.finditer(text)
+            if not any(a < m.start() < b or a < m.end() < b for a, b in inside)]
+    return [(a, b) for a, b in zip([0, *cuts], [*cuts, len(text)]) if text[a:b].strip()]
+
+
+def chunk_boundaries(text: str, spans: list[Span], chunk_bytes: int = 500,
+                     paragraphs: bool = False) -> list[tuple[int, int]]:
     """Character ranges of ~chunk_bytes UTF-8 bytes each, cut at whitespace and never inside a
     mention (a chunk grows past chunk_bytes rather than split one; a text without any allowed
-    cut stays whole)."""
+    cut stays whole). paragraphs: every paragraph (`paragraph_ranges`) starts a chunk of its
+    own, so no context holds the end of one section and the start of the next."""
+    if paragraphs:
+        ranges = []
+        for a, b in paragraph_ranges(text, spans):
+            inner = [Span(s.start - a, s.end - a, s.entity_id, s.source) for s in spans if a <= s.start and s.end <= b]
+            ranges += [(a + x, a + y) for x, y in chunk_boundaries(text[a:b], inner, chunk_bytes)]
+        return ranges
     n = len(text)
     if n == 0:
         return []
@@ -115,9 +134,11 @@ class ContextBuilder:
     `no_tokens` (the span tokenizes to nothing, e.g. only control characters).
     """
 
-    def __init__(self, tokenizer: WordPieceTokenizer, chunk_bytes: int = 500, max_length: int = 128):
+    def __init__(self, tokenizer: WordPieceTokenizer, chunk_bytes: int = 500, max_length: int = 128,
+                 paragraphs: bool = False):
         self.tokenizer = tokenizer
         self.chunk_bytes = chunk_bytes
+        self.paragraphs = paragraphs  # chunk_boundaries(paragraphs=...)
         self.max_length = max_length
         self.skipped: Counter[str] = Counter()
         self.truncated_contexts = 0
@@ -128,7 +149,7 @@ class ContextBuilder:
             if not 0 <= span.start < span.end <= len(text) or (prev is not None and span.start < prev.end):
                 raise ValueError(f"mention span [{span.start}, {span.end}) is empty, outside the text "
                                  f"of {len(text)} characters, or overlaps the previous one")
-        ranges = chunk_boundaries(text, spans, self.chunk_bytes)
+        ranges = chunk_boundaries(text, spans, self.chunk_bytes, self.paragraphs)
         chunks = [text[a:b] for a, b in ranges]
         encodings = self.tokenizer.encode_batch(chunks)
         contexts, j = [], 0

@@ -138,7 +138,7 @@ def analysis(client: MlflowClient) -> None:
 
 # --- the regime study ----------------------------------------------------------------------
 
-CELL = re.compile(r"^w(?P<world>\d+)-(?P<size>[a-z]+)-(?P<variant>[a-z_]+)-s(?P<seed>\d+)$")
+CELL = re.compile(r"^w(?P<world>\d+)(?:r(?P<renderings>\d+))?-(?P<size>[a-z]+)-(?P<variant>[a-z_]+)-s(?P<seed>\d+)$")
 # metric: (run name prefix, MLflow key, label); "" prefix: the pretraining run
 METRICS = {
     "recall_stated": ("lama-", "lama/synth/stated/entity_accuracy", "fact recall, facts pretraining read"),
@@ -149,7 +149,11 @@ METRICS = {
     "qa_em": ("qa-", "test/em", "QA test EM"),
     "qa_em_stated": ("qa-", "test/em_stated", "QA test EM, facts pretraining read"),
     "qa_em_unstated": ("qa-", "test/em_unstated", "QA test EM, held-out facts"),
+    # EaE only (why it wins or not): the memory's top-1 read on the stated facts' probes
+    "memory_subject": ("lama-", "lama/synth/stated/memory_subject_accuracy", "EaE memory reads the subject"),
+    "memory_answer": ("lama-", "lama/synth/stated/memory_answer_accuracy", "EaE memory reads the answer"),
 }
+PAIRED = [k for k in METRICS if not k.startswith("memory_")]  # what both models have
 PRIORS = {"recall_stated": ("lama-", "lama/synth/stated/prior_entity_accuracy"),
           "recall_unstated": ("lama-", "lama/synth/unstated/prior_entity_accuracy"),
           "qa_em": ("qa-", "test/prior_em"), "qa_em_stated": ("qa-", "test/prior_em_stated"),
@@ -224,6 +228,12 @@ def percent(x: float | None, digits: int = 1) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}"
 
 
+def world_label(world: tuple[int, int]) -> str:
+    """(entities, renderings) -> "5,000" or "5,000, facts stated 4x"."""
+    entities, renderings = world
+    return f"{entities:,}" + (f", facts stated {renderings}x" if renderings > 1 else "")
+
+
 def summarize(cells: dict) -> tuple[dict, dict]:
     """groups[(world, size, variant)] = {metric: [per-seed values], "seeds": [...], ...} and
     setting[(world, size)] = {facts, transformer params, table params}."""
@@ -231,7 +241,7 @@ def summarize(cells: dict) -> tuple[dict, dict]:
     setting: dict[tuple, dict] = {}
     for cell, runs in cells.items():
         m = CELL.match(cell)
-        key = (int(m["world"]), m["size"], m["variant"])
+        key = ((int(m["world"]), int(m["renderings"] or 1)), m["size"], m["variant"])
         pre = runs.get(cell)
         if pre is None or pre["status"] != "FINISHED":
             continue
@@ -257,7 +267,7 @@ def print_tables(cells: dict, figure: Path | None) -> None:
     print("### Settings\n")
     rows = []
     for (w, z), s in sorted(setting.items()):
-        rows.append([f"{w:,}", z, f"{s['facts']:,.0f}", f"{s['transformer']:,}", f"{s['facts'] / s['transformer']:.3f}",
+        rows.append([world_label(w), z, f"{s['facts']:,.0f}", f"{s['transformer']:,}", f"{s['facts'] / s['transformer']:.3f}",
                      f"{s['table']:,}", f"{s['steps']:,} x {s['batch']}"])
     print(table(["world (entities)", "transformer", "facts stated in pretraining text", "transformer params",
                  "facts per transformer param", "entity table params (EaE)", "steps x batch"], rows) + "\n")
@@ -267,7 +277,7 @@ def print_tables(cells: dict, figure: Path | None) -> None:
     head = ["world", "transformer", "model", "seeds"] + [METRICS[k][2] for k in METRICS]
     rows = []
     for (w, z, v), g in sorted(groups.items()):
-        row = [f"{w:,}", z, v, str(len(g["seeds"]))]
+        row = [world_label(w), z, v, str(len(g["seeds"]))]
         for k in METRICS:
             xs = [x for x in g[k] if x is not None]
             if not xs:
@@ -297,8 +307,8 @@ def print_tables(cells: dict, figure: Path | None) -> None:
         eae, no = groups.get((w, z, "eae")), groups.get((w, z, "no_eae"))
         if not eae or not no:
             continue
-        row = [f"{w:,}", z, f"{s['facts'] / s['transformer']:.3f}"]
-        for k in METRICS:
+        row = [world_label(w), z, f"{s['facts'] / s['transformer']:.3f}"]
+        for k in PAIRED:
             a = dict(zip(eae["seeds"], eae[k]))
             b = dict(zip(no["seeds"], no[k]))
             diffs = [a[x] - b[x] for x in a if x in b and a[x] is not None and b[x] is not None]
@@ -313,7 +323,7 @@ def print_tables(cells: dict, figure: Path | None) -> None:
             row.append(f"{mean * scale:+.1f} [{(mean - half) * scale:+.1f}, {(mean + half) * scale:+.1f}]{verdict}"
                        if not math.isnan(half) else f"{mean * scale:+.1f} (n=1)")
         rows.append(row)
-    print(table(["world", "transformer", "facts / param"] + [METRICS[k][2] for k in METRICS], rows))
+    print(table(["world", "transformer", "facts / param"] + [METRICS[k][2] for k in PAIRED], rows))
     print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better, the interval excludes 0; "
           "~: the interval holds 0 (not reproduced). PPL: lower is better, so a negative gap favours EaE.\n")
     if figure:
@@ -328,14 +338,18 @@ def draw(setting: dict, gaps: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    renderings = sorted({w[1] for (w, _, _) in gaps})
     for k, marker in (("recall_stated", "o"), ("masked_entity", "s"), ("qa_em", "^")):
-        points = sorted((setting[(w, z)]["facts"] / setting[(w, z)]["transformer"], *gaps[(w, z, kk)], z)
-                        for (w, z, kk) in gaps if kk == k)
-        if not points:
-            continue
-        xs = [p[0] for p in points]
-        ax.errorbar(xs, [p[1] for p in points], yerr=[0 if math.isnan(p[2]) else p[2] for p in points],
-                    marker=marker, capsize=4, label=METRICS[k][2])
+        for r in renderings:  # one line per metric and number of times a fact is stated
+            points = sorted((setting[(w, z)]["facts"] / setting[(w, z)]["transformer"], *gaps[(w, z, kk)], z)
+                            for (w, z, kk) in gaps if kk == k and w[1] == r)
+            if not points:
+                continue
+            xs = [p[0] for p in points]
+            label = METRICS[k][2] + (f" (facts stated {r}x)" if len(renderings) > 1 else "")
+            ax.errorbar(xs, [p[1] for p in points], yerr=[0 if math.isnan(p[2]) else p[2] for p in points],
+                        marker=marker, capsize=4, label=label, linestyle="-" if r == 1 else "--",
+                        fillstyle="full" if r == 1 else "none")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
     xs = sorted({s["facts"] / s["transformer"] for s in setting.values()})

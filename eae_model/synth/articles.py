@@ -7,7 +7,12 @@ entities whose facts point at it ("Notable people born in X include ..."), a See
 [[Redirect alias]], mixed the way Wikipedia mixes them.
 
 Each fact's sentence (`fact_sentence`) depends only on the world and the fact, so it is both
-written into the subject's article and exported as the fact's evidence. Everything else an
+written into the subject's article and exported as the fact's evidence. With `renderings` R > 1
+an article restates all its facts R - 1 more times (`restatement`), each time in its own order and
+wording and naming its subject in full: a fact read in one wording only is memorised with the
+text around it but is not recalled from another wording (Allen-Zhu & Li, "Physics of Language
+Models: Part 3.1", 2023), so varied restatements make the knowledge extractable. None of them
+uses a probe's wording (eae_platform.evaluate.probes.SYNTH_TEMPLATES), so recall is never a copy. Everything else an
 article draws (which entities to list, link forms) comes from a generator seeded by the world's
 seed and the entity id: articles can be rendered in any order, or in parallel.
 """
@@ -59,6 +64,25 @@ SENTENCES: dict[str | tuple[str, str], tuple[str, ...]] = {
                  "The film is an adaptation of the novel {o}."),
     "set_in": ("The story is set in {o}.", "It takes place in {o}.", "The {kind} is set in {o}."),
 }
+
+# Restatements: {s} is the subject's name, {o} the link to the object.
+RESTATE: dict[str, tuple[str, ...]] = {
+    "located_in": ("{s} lies in {o}.", "{s} is located in {o}.", "{s} is a settlement in {o}."),
+    "on_river": ("{s} is a city on the {o}.", "The {o} runs through {s}.", "{s} sits on the banks of the {o}."),
+    "capital": ("{s} has its capital at {o}.", "The seat of government of {s} is {o}.", "{s} is governed from {o}."),
+    "flows_through": ("{s} is a river of {o}.", "{s} runs across {o}.", "{s} crosses {o}."),
+    "citizen_of": ("{s} is a national of {o}.", "{s} has the citizenship of {o}.", "{s} holds a passport of {o}."),
+    "born_in": ("{s} is a native of {o}.", "{s} came into the world in {o}.", "The birthplace of {s} is {o}."),
+    "educated_at": ("{s} is a graduate of {o}.", "{s} was educated at {o}.", "{s} attended {o}."),
+    "employer": ("{s} was employed by {o}.", "{s} held a position at {o}.", "{s} was on the staff of {o}."),
+    "headquartered_in": ("{s} is based in {o}.", "{s} has its headquarters in {o}.", "The head office of {s} is in {o}."),
+    "founded_by": ("{o} founded {s}.", "{s} was established by {o}.", "{s} owes its founding to {o}."),
+    "author": ("{o} wrote {s}.", "{s} is a novel by {o}.", "{s} is the work of the writer {o}."),
+    "director": ("{o} directed {s}.", "{s} is a film by {o}.", "{s} was made by the director {o}."),
+    "based_on": ("{s} adapts {o}.", "{s} is an adaptation of {o}.", "{s} is the film version of {o}."),
+    "set_in": ("{s} takes place in {o}.", "The story of {s} unfolds in {o}.", "{s} has {o} as its setting."),
+}
+RESTATE_HEADINGS = ("Overview", "Summary", "Key facts", "Profile", "At a glance", "In brief", "Facts", "Notes")
 
 # Sentences in the object's article listing the subjects of its incoming facts.
 INVERSE = {
@@ -149,8 +173,18 @@ def fact_sentence(world: World, fact: Fact) -> str:
     return template.format(o=link(o, choose(fact.variant, 1, LINK_FORMS)), **fields)
 
 
-def render_article(world: World, e: Entity) -> str:
-    """The full wikitext of `e`'s article."""
+def restatement(world: World, e: Entity, r: int) -> str:
+    """`e`'s facts stated again (r >= 1: the r-th restatement), shuffled, with fresh wording and
+    link forms; "" for an entity without facts. Seeded by (world seed, entity, r) alone."""
+    rng = random.Random(f"{world.seed}:{e.id}:restatement{r}")
+    facts = list(world.subject_facts[e.id])
+    rng.shuffle(facts)
+    return " ".join(rng.choice(RESTATE[f.relation]).format(
+        s=e.name, o=link(world.entities[f.object], rng.choice(LINK_FORMS))) for f in facts)
+
+
+def render_article(world: World, e: Entity, renderings: int = 1) -> str:
+    """The full wikitext of `e`'s article, its facts stated `renderings` times in all."""
     rng = random.Random(f"{world.seed}:{e.id}")
     fields = _fields(world, e)
     facts = {f.relation: f for f in world.subject_facts[e.id]}  # functional: one per relation
@@ -178,6 +212,10 @@ def render_article(world: World, e: Entity) -> str:
             parts.append(" ".join(sentences))
         else:
             parts.append(f"== {heading} ==\n" + " ".join(sentences))
+
+    for r in range(1, renderings):
+        if text := restatement(world, e, r):
+            parts.append(f"== {RESTATE_HEADINGS[(r - 1) % len(RESTATE_HEADINGS)]} ==\n{text}")
 
     same_type = world.by_type[e.type]  # sample three: at most one of them is e itself
     others = [x for x in rng.sample(same_type, min(3, len(same_type))) if x is not e][:2]

@@ -56,9 +56,10 @@ class WorldSummary:
     questions_per_split: dict[str, int]
     num_pages: int  # articles + redirects
     num_redirects: int
+    renderings: int = 1  # times each article states its facts (articles.restatement)
 
 
-def summarize(world: World) -> WorldSummary:
+def summarize(world: World, renderings: int = 1) -> WorldSummary:
     types = Counter(e.type for e in world.entities)
     kinds = Counter(e.kind for e in world.entities)
     relations = Counter(f.relation for f in world.facts)
@@ -74,11 +75,13 @@ def summarize(world: World) -> WorldSummary:
         questions_per_split={s: splits[s] for s, _ in SPLITS},
         num_pages=len(world.entities) + redirects,
         num_redirects=redirects,
+        renderings=renderings,
     )
 
 
-def write_world(out_dir: Path, num_entities: int, seed: int) -> WorldSummary:
-    """Build the world for (num_entities, seed) and write into `out_dir` (created if needed):
+def write_world(out_dir: Path, num_entities: int, seed: int, renderings: int = 1) -> WorldSummary:
+    """Build the world for (num_entities, seed) and write into `out_dir` (created if needed),
+    each article stating its facts `renderings` times (1: once, in the article's own layout):
 
     world.xml         MediaWiki export-0.10 dump: one article per entity (page id = entity
                       id + 1), then one redirect page per alias
@@ -90,11 +93,13 @@ def write_world(out_dir: Path, num_entities: int, seed: int) -> WorldSummary:
 
     Prints nothing. Raises ValueError for bad arguments before touching `out_dir`.
     """
+    if isinstance(renderings, bool) or not isinstance(renderings, int) or renderings < 1:
+        raise ValueError(f"renderings must be an int >= 1, got {renderings!r}")
     world = build_world(num_entities, seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _open(out_dir / "world.xml") as fh:
-        write_dump(world, fh)
+        write_dump(world, fh, renderings)
     with _open(out_dir / "entities.jsonl") as fh:
         for e in world.entities:
             _line(fh, {"id": e.id, "title": e.title, "type": e.type, "kind": e.kind, "name": e.name,
@@ -108,17 +113,17 @@ def write_world(out_dir: Path, num_entities: int, seed: int) -> WorldSummary:
     with _open(out_dir / "questions.jsonl") as fh:
         for f in world.facts:
             _line(fh, make_question(world, f))
-    summary = summarize(world)
+    summary = summarize(world, renderings)
     with _open(out_dir / "summary.json") as fh:
         fh.write(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
 
 
-def write_dump(world: World, fh: TextIO) -> None:
+def write_dump(world: World, fh: TextIO, renderings: int = 1) -> None:
     """The world as a MediaWiki XML dump: articles in entity order, then redirects."""
     fh.write(_HEADER.format(version=FORMAT_VERSION))
     for e in world.entities:
-        _page(fh, e.id + 1, e.title, render_article(world, e))
+        _page(fh, e.id + 1, e.title, render_article(world, e, renderings))
     for i, (alias, target) in enumerate(world.redirects()):
         _page(fh, len(world.entities) + 1 + i, alias, render_redirect(target), redirect=target.title)
     fh.write("</mediawiki>\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stage 1 of the regime study: each synthetic world (`eae data synth`, world seed 0) and its
-# pretraining shards (`eae data build`: 5% of articles held out for dev, 5% for test), the
+# Stage 1 of the regime study: each synthetic world (`eae data synth`, world seed 0, its facts
+# stated once or, for a world named like 20000r4, 4 times) and its pretraining shards (`eae data build`: 5% of articles held out for dev, 5% for test), the
 # worlds side by side. Skips what exists.
 #   experiments/regime/data.sh        (settings: experiments/regime/settings.sh)
 set -euo pipefail
@@ -11,9 +11,10 @@ pids=()
 for w in $WORLDS; do
   [ -f "$(data_dir "$w")/manifest.json" ] && { say "world $w: $(data_dir "$w") exists"; continue; }
   (
-    eae data synth --entities "$w" --seed 0 --out "$(world_dir "$w")" &&
+    r=$(world_renderings "$w")
+    eae data synth --entities "$(world_entities "$w")" --renderings "$r" --seed 0 --out "$(world_dir "$w")" &&
     eae data build --dump "$(world_dir "$w")/world.xml" --out "$(data_dir "$w")" --dev-fraction 0.05 \
-      --test-fraction 0.05 --shard-rows 5000 --partition-mb 8
+      --test-fraction 0.05 --shard-rows 5000 --partition-mb 8 $( [ "$r" -gt 1 ] && echo --paragraph-contexts )
   ) > "$STUDY/logs/data-w$w.log" 2>&1 &
   pids+=($!)
 done

@@ -8,7 +8,10 @@
 # side and each store has one writer at a time), which collect.sh packs for
 # experiments/results_tables.py.
 STUDY=$(realpath -m "${STUDY:-runs/regime}")
-WORLDS=${WORLDS:-"5000 100000"}       # entities per synthetic world (world seed 0)
+# entities per synthetic world (world seed 0); "20000r4": 20,000 entities whose articles state
+# their facts 4 times (`eae data synth --renderings 4`), built with a context per paragraph
+# (`eae data build --paragraph-contexts`) so that no context holds a fact twice
+WORLDS=${WORLDS:-"5000 100000"}
 SIZES=${SIZES:-"small"}               # model presets (eae_model/config.py): small, medium
 VARIANTS=${VARIANTS:-"eae no_eae"}    # the paper's switches (variant_set below)
 SEEDS=${SEEDS:-"0 1 2"}               # training seeds (model initialisation, masks, QA order)
@@ -41,6 +44,8 @@ pretrained_cells() {  # the cells with a model, one line each: WORLD SIZE VARIAN
 cell_name() { echo "w$1-$2-$3-s$4"; }
 store() { echo "file://$STUDY/mlruns/$1"; }  # a cell's MLflow store
 world_dir() { echo "$STUDY/worlds/w$1"; }
+world_entities() { echo "${1%%r*}"; }                      # 20000r4 -> 20000
+world_renderings() { case "$1" in *r*) echo "${1##*r}" ;; *) echo 1 ;; esac; }  # 20000r4 -> 4
 data_dir() { echo "$STUDY/data/w$1"; }
 
 variant_set() {  # the paper's ablations as switches of a preset

@@ -30,6 +30,7 @@ def _data_build(args: argparse.Namespace) -> int:
     options = dict(
         entities=args.entities,
         chunk_bytes=args.chunk_bytes,
+        paragraph_contexts=args.paragraph_contexts,
         max_length=args.max_length,
         partition_bytes=int(args.partition_mb * 2**20),
         alias_mentions=not args.no_alias_mentions,
@@ -66,7 +67,7 @@ def _data_build(args: argparse.Namespace) -> int:
 def _data_synth(args: argparse.Namespace) -> int:
     from eae_model.synth import write_world
 
-    summary = write_world(Path(args.out), args.entities, args.seed)
+    summary = write_world(Path(args.out), args.entities, args.seed, args.renderings)
     print(
         f"wrote a synthetic world of {summary.num_entities:,} entities ({summary.entities_per_type}), "
         f"{summary.num_pages:,} pages and questions {summary.questions_per_split} to {args.out}\n"
@@ -273,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="output directory")
     b.add_argument("--entities", type=int, default=1_000_000, help="entity vocabulary size (most frequent targets)")
     b.add_argument("--chunk-bytes", type=int, default=500, help="context size in UTF-8 bytes")
+    b.add_argument("--paragraph-contexts", action="store_true", help="every paragraph (with its heading) "
+                   "starts a context of its own, rather than 500-byte chunks running across sections")
     b.add_argument("--max-length", type=int, default=128, help="wordpieces per context, [CLS] and [SEP] included")
     b.add_argument("--dev-fraction", type=float, help="share of articles held out for dev (paper 0.002)")
     b.add_argument("--test-fraction", type=float, help="share of articles held out for test (paper 0.002)")
@@ -423,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--entities", type=int, default=1000)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--renderings", type=int, default=1, help="times each article states its facts, each "
+                   "restatement in its own order and wording (default 1: once)")
     s.set_defaults(func=_data_synth)
     return parser
 

@@ -1,5 +1,7 @@
 """Chunking, tokenization and wordpiece alignment of mentions."""
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,6 +38,19 @@ def test_chunks_never_split_a_mention():
     assert (3, 14) in ranges  # grows past the budget rather than split it
     assert chunk_boundaries("x" * 30, [], 10) == [(0, 30)]  # no whitespace: one chunk
     assert chunk_boundaries("   ", [], 10) == [] and chunk_boundaries("", [], 10) == []
+
+
+def test_paragraph_chunks_start_at_every_blank_line_never_inside_a_mention():
+    text = "Lead sentence one. Lead two.\n\nHistory\nIt was founded.\n \nSee also\nA\nB\n\n"
+    ranges = chunk_boundaries(text, [], 500, paragraphs=True)
+    assert [text[a:b].strip() for a, b in ranges] == ["Lead sentence one. Lead two.", "History\nIt was founded.",
+                                                      "See also\nA\nB"]
+    assert chunk_boundaries(text, [], 500) == [(0, len(text))]  # without: one chunk across sections
+    small = chunk_boundaries(text, [], 12, paragraphs=True)  # long paragraphs still cut by bytes, within them
+    assert len(small) > 3 and not any(re.search(r"\n[ \t]*\n\s*\S", text[a:b]) for a, b in small)
+    assert text.index("History") in [a for a, _ in small] and text.index("See also") in [a for a, _ in small]
+    across = Span(text.index("two"), text.index("founded"))  # a mention over a blank line keeps it uncut
+    assert len(chunk_boundaries(text, [across], 500, paragraphs=True)) == 2
 
 
 @settings(max_examples=60, deadline=None)

@@ -184,3 +184,48 @@ def test_bad_arguments_are_rejected_before_writing(tmp_path, num_entities, seed)
     with pytest.raises(ValueError):
         write_world(tmp_path / "w", num_entities, seed)
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("renderings", [0, -1, 1.5, True, "2"])
+def test_bad_renderings_are_rejected_before_writing(tmp_path, renderings):
+    with pytest.raises(ValueError):
+        write_world(tmp_path / "w", 100, 0, renderings)
+    assert not (tmp_path / "w").exists()
+
+
+def test_renderings_restate_every_fact_in_new_wording_never_a_probes(out, tmp_path):
+    """--renderings 3: the same world (entities, facts, questions), each article stating each of
+    its facts twice more, with its subject named, in sentences that are no probe's wording."""
+    from eae_model.synth import restatement
+    from eae_model.wikitext import parse_wikitext
+    from eae_platform.evaluate.probes import SYNTH_TEMPLATES
+
+    write_world(tmp_path / "r3", N, SEED, 3)
+    for name in ("entities.jsonl", "facts.jsonl", "questions.jsonl"):
+        assert (tmp_path / "r3" / name).read_bytes() == (out / name).read_bytes(), name
+    assert json.loads((tmp_path / "r3" / "summary.json").read_text())["renderings"] == 3
+    assert json.loads((out / "summary.json").read_text())["renderings"] == 1
+    restated = (tmp_path / "r3" / "world.xml").read_text()
+    with_facts = sum(1 for facts in build_world(N, SEED).subject_facts if facts)
+    assert restated.count("== Overview ==") == restated.count("== Summary ==") == with_facts
+    assert "== Overview ==" not in (out / "world.xml").read_text()
+
+    world = build_world(N, SEED)
+    probe_wordings = {t.replace("[X] ", "").replace(" [Y] .", "") for t in SYNTH_TEMPLATES.values()}
+    for e in world.entities:
+        facts = world.subject_facts[e.id]
+        texts = [parse_wikitext(restatement(world, e, r)) for r in (1, 2)]
+        if not facts:
+            assert all(t.text == "" for t in texts)
+            continue
+        for t in texts:
+            targets = sorted(_resolve_title(world, t.text[link.start:link.end], link.target) for link in t.links)
+            assert targets == sorted(world.entities[f.object].title for f in facts)  # each fact once, linked
+            assert t.text.count(e.name) >= len(facts)  # every sentence names its subject
+            assert not any(w in t.text for w in probe_wordings), t.text
+    assert restatement(world, world.entities[5], 1) != restatement(world, world.entities[5], 2)
+
+
+def _resolve_title(world, anchor, target):
+    by_alias = {a: x.title for x in world.entities for a in x.aliases}
+    return by_alias.get(target, target)

@@ -107,6 +107,9 @@ def test_lama_probes(synth_pretrained, untrained, tmp_path):
     rows = results["pretrained"]["rows"]
     assert sum(r["entity_correct"] for r in rows if r["source"] == "synth") == round(
         m["lama/synth/entity_accuracy"] * m["lama/synth/probes"])
+    # the memory's reads: at the subject's mention it finds the subject far above chance
+    assert m["lama/synth/memory_subject_accuracy"] > base["lama/synth/memory_subject_accuracy"] + 0.2, (m, base)
+    assert 0 <= m["lama/synth/memory_answer_accuracy"] <= 1
 
 
 def _write_openentity(directory):
@@ -263,5 +266,10 @@ def test_lama_groups_and_prior_baseline_are_counted_per_group():
     assert m["lama/synth/stated/entity_accuracy"] == 2 / 4 and m["lama/synth/stated/prior_entity_accuracy"] == 2 / 4
     assert m["lama/synth/unstated/entity_accuracy"] == 0 and m["lama/synth/unstated/prior_accuracy"] == 1
     assert m["lama/synth/entity_accuracy"] == 2 / 5 and m["lama/synth/prior_accuracy"] == 3 / 5
+    read = [{**row("stated", True, None), "memory_subject_correct": c, "memory_answer_correct": False}
+            for c in (True, True, False)]
+    assert lama.aggregate(read)["lama/synth/stated/memory_subject_accuracy"] == 2 / 3
+    assert lama.aggregate(read)["lama/synth/memory_answer_accuracy"] == 0
+    assert "lama/synth/memory_subject_accuracy" not in m  # No-EaE rows carry no memory reads
     other = [{**row("", True, None), "source": "geonames"}]
     assert "lama/geonames/prior_accuracy" not in lama.aggregate(other)  # no prior for real probes

@@ -14,7 +14,9 @@ reads its entity. Accuracy per relation and per source (micro), logged as
 `lama/<source>/<relation>/{token_accuracy,entity_accuracy,probes,entity_probes}`; synth probes
 with `eval.stated_in` also per group (`lama/synth/stated/...`: facts whose article pretraining
 read; `unstated`: held-out articles), beside the prior-only baseline (`prior_accuracy`,
-`prior_entity_accuracy`: always the relation's most frequent answer).
+`prior_entity_accuracy`: always the relation's most frequent answer). For EaE, what its memory
+read: `memory_subject_accuracy` (the top-1 entity at the subject's mention is the subject: the
+memory found whose facts are asked) and `memory_answer_accuracy` (at the masked answer).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class EncodedProbe:
     answer_span: tuple[int, int]  # inclusive wordpiece span of the masks
     subject_span: tuple[int, int] | None
     entity_id: int | None  # the answer's entity in the model's vocabulary
+    subject_id: int | None = None  # the subject's entity, when its name resolves
 
 
 def _find(haystack: list[int], needle: list[int]) -> int:
@@ -74,7 +77,8 @@ def encode_probes(probes: list[Probe], tokenizer: WordPieceTokenizer, max_length
             else:
                 skipped[f"{p.source}/subject_not_found"] += 1  # still probed, without the subject mention
         entity = next((e for e in (resolve(a) for a in p.answers) if e is not None), None)
-        out.append(EncodedProbe(p, ids, answer, span, subject_span, entity))
+        subject_id = resolve(p.subject) if subject_span is not None else None
+        out.append(EncodedProbe(p, ids, answer, span, subject_span, entity, subject_id))
     return out
 
 
@@ -102,6 +106,10 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
         top = None
         if out.entity_queries is not None:
             _, top = model.entity_table.top_k(out.entity_queries[torch.tensor(answer_rows)].float(), 1)
+        # EaE: what the memory read (its top-1 entity, after l0 layers) at each mention
+        read = None
+        if out.memory is not None:
+            _, read = model.entity_table.top_k(out.memory.pseudo_embeddings.float(), 1)
         for b, e in enumerate(chunk):
             s, t = e.answer_span
             predicted = logits[b, s : t + 1].argmax(-1).tolist()
@@ -112,6 +120,11 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
             if top is not None and e.entity_id is not None:
                 row["entity_correct"] = int(top[b, 0]) == e.entity_id
                 row["entity_prediction"] = int(top[b, 0])
+            if read is not None and e.entity_id is not None:
+                row["memory_answer_correct"] = int(read[answer_rows[b], 0]) == e.entity_id
+            if read is not None and e.subject_id is not None:
+                subject_row = answer_rows[b] - spans[b].index(e.answer_span) + spans[b].index(e.subject_span)
+                row["memory_subject_correct"] = int(read[subject_row, 0]) == e.subject_id
             rows.append(row)
     return rows
 
@@ -140,6 +153,10 @@ def aggregate(rows: list[dict]) -> dict[str, float]:
             metrics[f"{key}/entity_accuracy"] = sum(r["entity_correct"] for r in scorable) / len(scorable)
             if with_prior:
                 metrics[f"{key}/prior_entity_accuracy"] = sum(r["prior_correct"] for r in scorable) / len(scorable)
+        for what in ("subject", "answer"):  # EaE only: the memory's reads
+            read = [r[f"memory_{what}_correct"] for r in group if f"memory_{what}_correct" in r]
+            if read:
+                metrics[f"{key}/memory_{what}_accuracy"] = sum(read) / len(read)
     return metrics
 
 

@@ -38,6 +38,7 @@ class BuildSettings:
     out: str
     entities: int = 1_000_000
     chunk_bytes: int = 500
+    paragraph_contexts: bool = False  # every paragraph starts a context (contexts.chunk_boundaries)
     max_length: int = 128
     dev_fraction: float = 0.002
     test_fraction: float = 0.002

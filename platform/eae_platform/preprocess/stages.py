@@ -148,7 +148,8 @@ def contexts_partition(
     if done is not None:
         return done
 
-    builder = ContextBuilder(WordPieceTokenizer(), settings["chunk_bytes"], settings["max_length"])
+    builder = ContextBuilder(WordPieceTokenizer(), settings["chunk_bytes"], settings["max_length"],
+                             settings["paragraph_contexts"])
     matcher = AliasMatcher(aliases) if settings["alias_mentions"] else None
     detector = None  # spaCy NER: "auto" uses it when installed, "none" never, else a model name
     if settings["ner"] != "none" and (settings["ner"] != "auto" or spacy_available()):

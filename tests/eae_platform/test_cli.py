@@ -52,10 +52,41 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     assert result.returncode == 2 and "no training shards" in result.stderr, result.stderr
     pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}),
                    data / "shards" / "train" / "part-00000-0000.parquet")
-    result = run("pretrain", "--preset", "tiny", "--data", str(data))  # tiny: max_length 64
+    result = run("pretrain", "--preset", "tiny", "--data", str(data), "--set", "model.max_length=64")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "contexts of up to 128 wordpieces" in result.stderr and "model.max_length=64" in result.stderr
     assert "Started a local Ray instance" not in result.stderr + result.stdout
+
+    # Unset, the model's sizes come from the data (tiny's own max_length is 64), and the
+    # preset's batch (32) is checked against the contexts each worker is dealt: one line, no Ray.
+    result = run("pretrain", "--preset", "tiny", "--data", str(data))
+    assert "manifest.json: model.max_length=128, model.num_entities=10" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("batch_size 32 over 1 worker(s) needs 32 training contexts per worker" in result.stderr
+            and "use --batch-size 1" in result.stderr), result.stderr
+    result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "4", "--num-workers", "2")
+    assert result.returncode == 2
+    assert "batch_size 4 over 2 worker(s)" in result.stderr and "as 0, 1: use a smaller --batch-size or fewer workers" \
+        in result.stderr and "smaller --shard-rows" in result.stderr, result.stderr
+    assert "Started a local Ray instance" not in result.stderr + result.stdout
+
+
+def test_the_data_sets_the_model_sizes_a_config_or_override_leaves_unset(tmp_path):
+    from eae_platform.pretrain.config import load_pretrain_config
+    from eae_platform.pretrain.job import data_fitted_overrides
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 128}, "counts": {"entities": 985}}))
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(f"model:\n  preset: tiny\n  max_length: 96\ntrain:\n  data: {data}\n")
+    config = load_pretrain_config(config_file)
+    assert config.train.batch_size == 32  # the tiny preset's batch, not the paper's 4,096
+    assert data_fitted_overrides(config, str(config_file), []) == ["model.num_entities=985"]
+    config = load_pretrain_config(None, [f"train.data={data}", "model.num_entities=50"], preset="tiny")
+    assert data_fitted_overrides(config, None, ["model.num_entities=50"]) == ["model.max_length=128"]
+    assert load_pretrain_config(None, ["train.batch_size=8"], preset="tiny").train.batch_size == 8
+    assert load_pretrain_config(None, [], preset="paper").train.batch_size == 4096
 
 
 def test_bench_compile_takes_an_optional_mode():

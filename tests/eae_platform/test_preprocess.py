@@ -259,3 +259,19 @@ def test_ner_model_missing_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="not installed"):
         load_detector("no_such_spacy_model")
+
+
+def test_a_synthetic_world_gets_usable_dev_and_test_splits_by_default(tmp_path):
+    """`eae data build --dump WORLD/world.xml` without fractions: 5% each, as for the embedded
+    sample (the paper's 0.2% left a 1,000-entity world 1 dev and 3 test contexts)."""
+    from eae_model.synth import write_world
+    from eae_platform.preprocess.build import BuildSettings, is_synthetic_dump, synthetic_settings
+
+    write_world(tmp_path / "w", 100, 0)
+    assert is_synthetic_dump(tmp_path / "w" / "world.xml")
+    assert not is_synthetic_dump(embedded_dump_path())
+    settings = synthetic_settings([str(tmp_path / "w" / "world.xml")], str(tmp_path / "out"))
+    assert (settings.dev_fraction, settings.test_fraction, settings.shard_rows) == (0.05, 0.05, 1000)
+    assert BuildSettings(dumps=[], out="").dev_fraction == 0.002  # real dumps keep the paper's
+    given = synthetic_settings([str(tmp_path / "w" / "world.xml")], str(tmp_path / "out"), dev_fraction=0.2)
+    assert given.dev_fraction == 0.2 and given.test_fraction == 0.05

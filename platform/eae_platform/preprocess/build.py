@@ -201,5 +201,21 @@ def embedded_settings(out: str, **overrides) -> BuildSettings:
     return BuildSettings(**{**base, **overrides})
 
 
+def synthetic_settings(dumps: list[str], out: str, **overrides) -> BuildSettings:
+    """A world from `eae data synth`: dev and test take 5% of its articles each (the paper's
+    0.2% of a 1,000-article world would leave them a context or two), and files hold 1,000
+    contexts so that several training workers each get some."""
+    base = dict(dumps=dumps, out=out, dev_fraction=0.05, test_fraction=0.05, shard_rows=1000)
+    return BuildSettings(**{**base, **overrides})
+
+
+def is_synthetic_dump(path: str | Path) -> bool:
+    """Whether `path` is a world written by `eae data synth` (its siteinfo names the generator)."""
+    if str(path).endswith(".bz2"):
+        return False
+    with open(path, "rb") as fh:
+        return b"<generator>eae_model.synth" in fh.read(4096)
+
+
 def count_rows(out: str | Path, split: str) -> int:
     return sum(pq.read_metadata(p).num_rows for p in sorted((Path(out) / "shards" / split).glob("part-*.parquet")))

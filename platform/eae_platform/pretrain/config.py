@@ -118,6 +118,12 @@ class PretrainConfig:
         return cls(EaEConfig.from_dict(data["model"]), TrainConfig(**coerce_fields(TrainConfig, data["train"])))
 
 
+# The batch a preset's run gets when neither the config nor an override sets one: the paper's
+# 4,096 contexts would exceed the few thousand a laptop-sized dataset (a synthetic world, the
+# embedded sample) holds per epoch.
+PRESET_BATCH_SIZE = {"tiny": 32, "small": 64}
+
+
 def load_pretrain_config(
     path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None
 ) -> PretrainConfig:
@@ -138,4 +144,6 @@ def load_pretrain_config(
             train[name] = value
         else:
             raise ValueError(f"override {key!r} must be model.<key> or train.<key> (one of {', '.join(sorted(known))})")
+    if "batch_size" not in train and (preset or model.get("preset")) in PRESET_BATCH_SIZE:
+        train["batch_size"] = PRESET_BATCH_SIZE[preset or model.get("preset")]
     return PretrainConfig(config_from_values(preset, model), TrainConfig(**coerce_fields(TrainConfig, train)))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain import data
 from eae_platform.pretrain.config import PretrainConfig
@@ -33,7 +35,37 @@ def check_data(config: PretrainConfig) -> dict:
         raise ValueError(f"{t.data} was built with contexts of up to {longest} wordpieces (--max-length {longest}), "
                          f"more than model.max_length={m.max_length}: set model.max_length={longest} or rebuild "
                          f"the data with --max-length {m.max_length}")
+    files = data.shard_files(t.data, "train")
+    if data.steps_per_epoch(files, t.seed, 0, t.num_workers, t.batch_per_worker) == 0:
+        rows = sorted(sum(pq.read_metadata(f).num_rows for f in data.files_for_rank(files, t.seed, 0, r, t.num_workers))
+                      for r in range(t.num_workers))
+        fits = rows[0] * t.num_workers
+        raise ValueError(
+            f"batch_size {t.batch_size} over {t.num_workers} worker(s) needs {t.batch_per_worker:,} training contexts "
+            f"per worker, but {t.data} deals its {sum(rows):,} ({len(files)} file(s), whole files per worker) as "
+            f"{', '.join(f'{n:,}' for n in rows)}: use " + (f"--batch-size {fits}" if fits else "a smaller --batch-size")
+            + (" or fewer workers" if t.num_workers > 1 else "")
+            + (" or rebuild with a smaller --shard-rows" if len(files) < t.num_workers else ""))
     return manifest
+
+
+def data_fitted_overrides(config: PretrainConfig, config_file: str | None, overrides: list[str]) -> list[str]:
+    """`model.max_length` and `model.num_entities` set to what the data was built with (its
+    contexts' longest length, its entity vocabulary), for those that neither the config file's
+    `model:` section nor an override sets: a preset's own sizes rarely match a user's data."""
+    import yaml
+
+    from eae_platform.pretrain.config import parse_override
+
+    if not config.train.data or not (Path(config.train.data) / "manifest.json").is_file():
+        return []
+    given = {parse_override(o)[0] for o in overrides}
+    if config_file:
+        given |= {f"model.{k}" for k in (yaml.safe_load(Path(config_file).read_text()) or {}).get("model") or {}}
+    manifest = read_manifest(config.train.data)
+    built = {"model.max_length": manifest.get("settings", {}).get("max_length"),
+             "model.num_entities": manifest.get("counts", {}).get("entities")}
+    return [f"{k}={v}" for k, v in built.items() if v and k not in given and v != getattr(config.model, k[6:])]
 
 
 def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str | None:

@@ -86,8 +86,10 @@ def _pretrain(args: argparse.Namespace) -> int:
     from eae_platform.ray_session import connect
 
     overrides = list(args.set)
+    if args.resume and args.name and args.resume != args.name:
+        raise ValueError(f"--resume {args.resume} and --name {args.name} name different runs: give one")
     for flag, key in (("data", "data"), ("max_steps", "max_steps"), ("out", "out"), ("name", "name"),
-                      ("num_workers", "num_workers"), ("batch_size", "batch_size")):
+                      ("resume", "name"), ("num_workers", "num_workers"), ("batch_size", "batch_size")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"train.{key}={value}")
@@ -98,7 +100,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         print(f"from {config.train.data}/manifest.json: {', '.join(fitted)}")
     check_data(config)  # before starting Ray: bad data is a clear error in a second
     connect(args.address)
-    summary = run(config)
+    summary = run(config, resume=bool(args.resume))
     metrics = summary["metrics"] or {}
     if summary["paused_at_step"] is not None:
         print(f"\npaused at step {summary['paused_at_step']} of {config.train.max_steps} (train.time_budget_s): "
@@ -307,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int)
     p.add_argument("--num-workers", type=int)
     p.add_argument("--batch-size", type=int, help="contexts per step, over all workers (train.batch_size)")
-    p.add_argument("--name", help="run name: relaunching with the same name resumes")
+    p.add_argument("--name", help="run name: relaunching with the same name resumes (default: a fresh name)")
+    p.add_argument("--resume", metavar="NAME", help="continue run NAME from its last checkpoint (an error if it has none)")
     p.add_argument("--out", help="where the final model directory goes")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
     p.set_defaults(func=_pretrain)

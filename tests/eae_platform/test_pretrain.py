@@ -263,3 +263,25 @@ def test_a_table_smaller_than_the_vocabulary_is_noted(tmp_path):
     assert "has 3,000 entities, the model's table 2,000" in job.vocabulary_note(config)
     config = load_pretrain_config(None, [f"train.data={tmp_path}", "model.num_entities=3000"], preset="tiny")
     assert job.vocabulary_note(config) is None
+
+
+def test_a_relaunch_resumes_only_a_checkpoint_of_the_same_settings(tmp_path, capsys):
+    """A run without a name gets a fresh one; a named run's checkpoint is resumed only when it
+    was made with the same settings (how long, logged or kept may change), else the error lists
+    what differs; --resume without a checkpoint is an error."""
+    def config(*overrides):
+        return load_pretrain_config(None, [f"train.storage_path={tmp_path}", *overrides], preset="tiny")
+
+    fresh = config()
+    job.name_run(fresh)
+    assert fresh.train.name.startswith("pretrain-") and "relaunch with --name pretrain-" in capsys.readouterr().out
+    saved = config("train.name=r1")
+    checkpoint = tmp_path / "r1" / "checkpoint_2026-01-01_00-00-00.000000"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps({"step": 8, "config": saved.to_dict()}))
+    assert job.check_resume(config("train.name=r1", "train.max_steps=500", "train.time_budget_s=60")) == 8
+    with pytest.raises(ValueError, match=r"step 8 .*model.k_train: None -> 5; train.batch_size: 32 -> 16"):
+        job.check_resume(config("train.name=r1", "model.k_train=5", "train.batch_size=16"))
+    assert job.check_resume(config("train.name=r2")) is None  # a new run of that name
+    with pytest.raises(ValueError, match="run 'r2' has no checkpoint"):
+        job.name_run(config("train.name=r2"), resume=True)

@@ -65,7 +65,9 @@ class TrainConfig:
     # its tag eae.paused_at_step, and exit; relaunching with the same name continues exactly
     # (for time-limited allocations). None: no limit.
     time_budget_s: float | None = None
-    name: str = "eae-pretrain"  # Ray Train run name: relaunching with the same name resumes
+    # Ray Train run name: relaunching with the same name resumes; "" gives each launch a fresh
+    # name (pretrain-<date>-<time>), so that a new run never picks up another's checkpoint
+    name: str = ""
     storage_path: str = "runs/ray"  # Ray Train storage (checkpoints)
     out: str | None = None  # where the final model directory goes
     experiment: str = "eae-pretrain"  # MLflow experiment

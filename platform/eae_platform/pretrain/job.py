@@ -9,6 +9,7 @@ restarts the workers from the last checkpoint up to `train.max_failures` times.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -81,7 +82,67 @@ def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str
             f">= {n:,} are trained as unlinked")
 
 
-def run(config: PretrainConfig) -> dict:
+# Settings a relaunch may change and still continue its run exactly: how long and how it is
+# run, logged and kept, not what it computes.
+RESUMABLE_CHANGES = {"max_steps", "time_budget_s", "out", "register_as", "alias", "log_every", "checkpoint_every",
+                     "eval_batches", "profile_steps", "mlflow_uri", "experiment", "max_failures", "cpus_per_worker",
+                     "gpus_per_worker", "prefetch_batches", "cache_data"}
+
+
+def last_checkpoint_state(storage_path: str, name: str) -> tuple[Path, dict] | None:
+    """The newest checkpoint of run `name` (Ray Train's timestamped checkpoint_* directories)
+    and its state.json, or None."""
+    found = sorted(p for p in (Path(storage_path) / name).glob("checkpoint_*") if (p / "state.json").is_file())
+    return (found[-1], json.loads((found[-1] / "state.json").read_text())) if found else None
+
+
+def config_changes(saved: dict, config: PretrainConfig) -> list[str]:
+    """`section.key: saved -> now` for every setting that differs from a checkpoint's config,
+    except those a relaunch may change (RESUMABLE_CHANGES)."""
+    now = config.to_dict()
+    changes = []
+    for section in ("model", "train"):
+        for key in sorted(set(saved.get(section, {})) | set(now[section])):
+            if section == "train" and key in RESUMABLE_CHANGES | {"name"}:
+                continue
+            before, after = saved.get(section, {}).get(key), now[section].get(key)
+            if before != after:
+                changes.append(f"{section}.{key}: {before!r} -> {after!r}")
+    return changes
+
+
+def check_resume(config: PretrainConfig, must_exist: bool = False) -> int | None:
+    """The step run `train.name` resumes from (None: a new run). A checkpoint made with other
+    settings is a clear error that lists them; must_exist (`--resume`): no checkpoint is one."""
+    t = config.train
+    last = last_checkpoint_state(t.storage_path, t.name)
+    if last is None:
+        if must_exist:
+            raise ValueError(f"run {t.name!r} has no checkpoint under {Path(t.storage_path) / t.name} to resume")
+        return None
+    path, state = last
+    changes = config_changes(state.get("config", {}), config)
+    if changes:
+        raise ValueError(f"run {t.name!r} has a checkpoint at step {state.get('step')} ({path}) made with other "
+                         f"settings: {'; '.join(changes)}. Resume with those settings, or start a new run (leave "
+                         "out --name for a fresh one)")
+    return state.get("step")
+
+
+def name_run(config: PretrainConfig, resume: bool = False) -> None:
+    """A fresh train.name when none is given; else the check that its checkpoint, if any, was
+    made with these settings (`check_resume`). Says which, once."""
+    t = config.train
+    if not t.name:
+        t.name = datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
+        print(f"run name {t.name} (relaunch with --name {t.name} to continue it)", flush=True)
+        return
+    step = check_resume(config, must_exist=resume)
+    if step is not None:
+        print(f"resuming run {t.name} from its checkpoint at step {step}", flush=True)
+
+
+def run(config: PretrainConfig, resume: bool = False) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -96,6 +157,7 @@ def run(config: PretrainConfig) -> dict:
         t.out = str(Path(t.out).resolve())
     # Resolved here: workers run in other directories, where the default would name another store.
     t.mlflow_uri = t.mlflow_uri or tracking_uri()
+    name_run(config, resume)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config.to_dict(),

@@ -89,7 +89,8 @@ def _pretrain(args: argparse.Namespace) -> int:
     if args.resume and args.name and args.resume != args.name:
         raise ValueError(f"--resume {args.resume} and --name {args.name} name different runs: give one")
     for flag, key in (("data", "data"), ("max_steps", "max_steps"), ("out", "out"), ("name", "name"),
-                      ("resume", "name"), ("num_workers", "num_workers"), ("batch_size", "batch_size")):
+                      ("resume", "name"), ("num_workers", "num_workers"), ("batch_size", "batch_size"),
+                      ("register_as", "register_as")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"train.{key}={value}")
@@ -111,8 +112,11 @@ def _pretrain(args: argparse.Namespace) -> int:
     print(f"model:       {summary['model']}")
     print(f"checkpoints: {summary['storage']}  (last: {summary['checkpoint']})")
     if summary.get("mlflow_run_id"):
-        print(f"MLflow run:  {summary['mlflow_run_id']} in {summary['mlflow_uri']}"
-              + (f", registered as {summary['model_uri']}" if summary.get("model_uri") else ""))
+        print(f"MLflow run:  {summary['mlflow_run_id']} in {summary['mlflow_uri']}")
+        if summary.get("model_uri"):
+            was = summary.get("alias_was")
+            print(f"registered:  {summary['model_uri']} -> version {summary.get('alias_version')}"
+                  + (f" (moved from version {was})" if was else " (new alias)"))
         print(f"open the UI: .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']} --host 127.0.0.1 --port 5000")
     return 0
 
@@ -309,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int)
     p.add_argument("--num-workers", type=int)
     p.add_argument("--batch-size", type=int, help="contexts per step, over all workers (train.batch_size)")
+    p.add_argument("--register-as", metavar="NAME", help="register the final model in MLflow as NAME and point "
+                   "its alias (train.alias, default pretrained) at it (default: not registered)")
     p.add_argument("--name", help="run name: relaunching with the same name resumes (default: a fresh name)")
     p.add_argument("--resume", metavar="NAME", help="continue run NAME from its last checkpoint (an error if it has none)")
     p.add_argument("--out", help="where the final model directory goes")

@@ -87,6 +87,7 @@ def test_the_data_sets_the_model_sizes_a_config_or_override_leaves_unset(tmp_pat
     assert data_fitted_overrides(config, None, ["model.num_entities=50"]) == ["model.max_length=128"]
     assert load_pretrain_config(None, ["train.batch_size=8"], preset="tiny").train.batch_size == 8
     assert load_pretrain_config(None, [], preset="paper").train.batch_size == 4096
+    assert load_pretrain_config(None, [], preset="tiny").train.register_as is None  # no alias moves unasked
 
 
 def test_bench_compile_takes_an_optional_mode():

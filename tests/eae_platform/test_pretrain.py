@@ -96,6 +96,7 @@ def test_mlflow_records_the_run(uninterrupted):
     artifacts = [a.path for a in client.list_artifacts(r.info.run_id, "checkpoints")]
     assert len(artifacts) == 1
     assert summary["model_uri"] == "models:/eae-test@pretrained"
+    assert (str(summary["alias_version"]), summary["alias_was"]) == ("1", None)  # a new alias, said so
     local = download_model_dir(summary["model_uri"], tmp / "downloaded", uri=config.train.mlflow_uri)
     assert torch.equal(load_model(local).entity_table.weight, load_model(summary["model"]).entity_table.weight)
     assert (local / "entities.parquet").is_file()

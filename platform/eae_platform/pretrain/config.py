@@ -72,7 +72,9 @@ class TrainConfig:
     out: str | None = None  # where the final model directory goes
     experiment: str = "eae-pretrain"  # MLflow experiment
     mlflow_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
-    register_as: str | None = "eae"  # MLflow registered model name (None: do not register)
+    # MLflow registered model name (None: do not register): only when asked, so that a new run
+    # never silently moves the alias (models:/<name>@pretrained) that other commands load
+    register_as: str | None = None
     alias: str = "pretrained"  # MLflow registry alias ("latest" is reserved by MLflow)
 
     def __post_init__(self) -> None:

@@ -186,8 +186,23 @@ def _finish_mlflow(config: PretrainConfig, checkpoint: Path) -> dict:
     tracker = Tracker(t.experiment, run_id=state["mlflow_run_id"], uri=t.mlflow_uri)
     tracker.log_artifacts(str(checkpoint), f"checkpoints/{checkpoint.name}")
     model_uri = None
+    moved = {}
     if t.out and t.register_as:
+        before = _alias_version(t.mlflow_uri, t.register_as, t.alias)
         model_uri = tracker.register_model(t.out, t.register_as, t.alias)
     report = tracker.close()
+    if model_uri:
+        moved = {"alias_version": _alias_version(t.mlflow_uri, t.register_as, t.alias), "alias_was": before}
     return {"mlflow_run_id": state["mlflow_run_id"], "mlflow_uri": t.mlflow_uri, "model_uri": model_uri,
-            "mlflow_unsent": report}
+            "mlflow_unsent": report, **moved}
+
+
+def _alias_version(uri: str, name: str, alias: str) -> str | None:
+    """The registered model version `models:/<name>@<alias>` points at, or None (none yet, or
+    the store does not answer)."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(name, alias).version
+    except Exception:  # noqa: BLE001 - no such model or alias, or an unreachable store: nothing to report
+        return None

@@ -190,6 +190,16 @@ def test_bad_input_is_a_clear_4xx_and_the_server_serves_on(server, path, body, s
     good_request_works(server.url)
 
 
+@pytest.mark.parametrize("path, method, status, message", [
+    ("/v1/link", "GET", 405, "GET is not allowed on /v1/link"),
+    ("/v1/nothing", "GET", 404, "no such endpoint: /v1/nothing"),
+    ("/v1/nothing", "POST", 404, "no such endpoint"),
+])  # fmt: skip
+def test_routing_errors_answer_in_the_api_error_shape(server, path, method, status, message):
+    got, out = call(server.url, path, raw=b"{}" if method == "POST" else None, method=method)
+    assert got == status and isinstance(out, dict) and message in out["error"] and "detail" not in out, (got, out)
+
+
 @pytest.mark.parametrize("raw, message", [
     (b'{"text": "caf\xe9"}', "not valid UTF-8"),
     (b'{"text": "hello"', "not valid JSON"),

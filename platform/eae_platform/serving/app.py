@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from ray import serve
@@ -193,6 +194,18 @@ api = FastAPI(
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing's own errors (404 unknown path, 405 wrong method, ...) in the API's one error
+    shape, {"error": ...}, instead of FastAPI's {"detail": ...}."""
+    message = {404: f"no such endpoint: {request.url.path} (see /docs)",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+    response = _error(exc.status_code, message)
+    for key, value in (exc.headers or {}).items():  # e.g. 405's Allow
+        response.headers[key] = value
+    return response
 
 
 @api.exception_handler(RequestValidationError)

@@ -1,8 +1,10 @@
 """The regime study's stage scripts (experiments/regime/) end to end on CPUs, on the session's
-Ray cluster: a 300-entity world, EaE and No-EaE for one seed; pretraining (a paused run's
+Ray cluster: a 300-entity world stating its facts twice (`300r2`: --renderings 2,
+--paragraph-contexts), EaE and No-EaE for one seed; pretraining (a paused run's
 relaunch is tested on the job itself, test_pretrain.py), QA fine-tuning, the evaluations, the
 stores' archive and the tables printed from it (experiments/results_tables.py)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -18,12 +20,15 @@ def _stage(name, env, *args):
 
 def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
-           "WORLDS": "300", "SEEDS": "0", "STEPS": "100", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
+           "WORLDS": "300r2", "SEEDS": "0", "STEPS": "100", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli"}
     assert _stage("data", env).returncode == 0
     done = _stage("pretrain", env)
     assert done.returncode == 0 and done.stdout.count("finished at step 100") == 2, done.stdout + done.stderr
-    for cell in ("w300-small-eae-s0", "w300-small-no_eae-s0"):
+    built = json.loads((tmp_path / "study" / "data" / "w300r2" / "manifest.json").read_text())["settings"]
+    assert built["paragraph_contexts"] and built["dev_fraction"] == 0.05
+    assert "== Overview ==" in (tmp_path / "study" / "worlds" / "w300r2" / "world.xml").read_text()
+    for cell in ("w300r2-small-eae-s0", "w300r2-small-no_eae-s0"):
         assert (tmp_path / "study" / "models" / cell / "config.json").is_file()
     qa = _stage("finetune", env)
     assert qa.returncode == 0 and qa.stdout.count("test: EM") == 2, qa.stdout + qa.stderr
@@ -36,9 +41,12 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout
     # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
-    assert "| 300 | small |" in out and "396,544" in out and "100 x 16" in out
-    rows = [line for line in out.splitlines() if line.startswith("| 300 | small | ")]
+    assert "| 300, facts stated 2x | small |" in out and "396,544" in out and "100 x 16" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 300, facts stated 2x | small | ")]
     assert len(rows) == 4  # settings, one row per model, the gap
+    eae_row = next(r for r in rows if "| eae |" in r).rstrip(" |").split(" | ")
+    assert all(float(x) >= 0 for x in eae_row[-2:])  # EaE's memory reads: the subject, the answer
+    assert next(r for r in rows if "| no_eae |" in r).rstrip(" |").split(" | ")[-2:] == ["–", "–"]
     gap = out.split("### EaE − No-EaE")[1]
-    assert "| 300 | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
+    assert "| 300, facts stated 2x | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
     assert (tmp_path / "regime.svg").stat().st_size > 1000

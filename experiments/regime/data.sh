@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stage 1 of the regime study: each synthetic world (`eae data synth`, world seed 0, its facts
-# stated once or, for a world named like 20000r4, 4 times) and its pretraining shards (`eae data build`: 5% of articles held out for dev, 5% for test), the
-# worlds side by side. Skips what exists.
+# stated once or, for a world named like 20000r4, 4 times) and its pretraining shards (`eae data
+# build`: 5% of articles held out for dev, 5% for test), the worlds side by side. Skips what exists.
 #   experiments/regime/data.sh        (settings: experiments/regime/settings.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

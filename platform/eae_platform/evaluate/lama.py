@@ -102,7 +102,8 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
         m = Mentions.from_lists(spans)
         out = model(ids.to(device), mask.to(device), mentions=Mentions(m.batch_ids, m.starts, m.ends, None).to(device))
         logits = model.token_logits(out.x4)  # [B, L, V]
-        answer_rows = [sum(len(s) for s in spans[:b]) + spans[b].index(e.answer_span) for b, e in enumerate(chunk)]
+        first = [sum(len(s) for s in spans[:b]) for b in range(len(chunk))]  # each probe's first mention row
+        answer_rows = [first[b] + spans[b].index(e.answer_span) for b, e in enumerate(chunk)]
         top = None
         if out.entity_queries is not None:
             _, top = model.entity_table.top_k(out.entity_queries[torch.tensor(answer_rows)].float(), 1)
@@ -123,8 +124,7 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
             if read is not None and e.entity_id is not None:
                 row["memory_answer_correct"] = int(read[answer_rows[b], 0]) == e.entity_id
             if read is not None and e.subject_id is not None:
-                subject_row = answer_rows[b] - spans[b].index(e.answer_span) + spans[b].index(e.subject_span)
-                row["memory_subject_correct"] = int(read[subject_row, 0]) == e.subject_id
+                row["memory_subject_correct"] = int(read[first[b] + spans[b].index(e.subject_span), 0]) == e.subject_id
             rows.append(row)
     return rows
 

@@ -210,9 +210,8 @@ def synthetic_settings(dumps: list[str], out: str, **overrides) -> BuildSettings
 
 
 def is_synthetic_dump(path: str | Path) -> bool:
-    """Whether `path` is a world written by `eae data synth` (its siteinfo names the generator)."""
-    if str(path).endswith(".bz2"):
-        return False
+    """Whether `path` is a world written by `eae data synth` (its siteinfo names the generator;
+    `eae data synth` writes plain XML, so a compressed dump never matches)."""
     with open(path, "rb") as fh:
         return b"<generator>eae_model.synth" in fh.read(4096)
 

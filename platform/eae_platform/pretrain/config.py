@@ -149,5 +149,5 @@ def load_pretrain_config(
         else:
             raise ValueError(f"override {key!r} must be model.<key> or train.<key> (one of {', '.join(sorted(known))})")
     if "batch_size" not in train and (preset or model.get("preset")) in PRESET_BATCH_SIZE:
-        train["batch_size"] = PRESET_BATCH_SIZE[preset or model.get("preset")]
+        train["batch_size"] = PRESET_BATCH_SIZE[preset or model["preset"]]
     return PretrainConfig(config_from_values(preset, model), TrainConfig(**coerce_fields(TrainConfig, train)))

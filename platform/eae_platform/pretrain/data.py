@@ -46,14 +46,15 @@ def files_for_rank(files: list[str], seed: int, epoch: int, rank: int, world_siz
     return [files[i] for i in order[rank::world_size]]
 
 
+def rows_per_rank(files: list[str], seed: int, epoch: int, world_size: int) -> list[int]:
+    """Contexts each rank is dealt in this epoch (whole files per rank), by rank."""
+    rows = {f: pq.read_metadata(f).num_rows for f in files}
+    return [sum(rows[f] for f in files_for_rank(files, seed, epoch, r, world_size)) for r in range(world_size)]
+
+
 def steps_per_epoch(files: list[str], seed: int, epoch: int, world_size: int, batch_size: int) -> int:
     """Full batches per rank in this epoch: the same for every rank (the smallest)."""
-    rows = {f: pq.read_metadata(f).num_rows for f in files}
-    per_rank = [
-        sum(rows[f] for f in files_for_rank(files, seed, epoch, r, world_size)) // batch_size
-        for r in range(world_size)
-    ]
-    return min(per_rank)
+    return min(rows_per_rank(files, seed, epoch, world_size)) // batch_size
 
 
 @dataclass

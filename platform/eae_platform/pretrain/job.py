@@ -12,8 +12,6 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain import data
 from eae_platform.pretrain.config import PretrainConfig
@@ -28,7 +26,8 @@ def check_data(config: PretrainConfig) -> dict:
     t, m = config.train, config.model
     if not (Path(t.data) / "manifest.json").is_file():
         raise FileNotFoundError(f"{t.data}: no manifest.json; build the data with `eae data build` (or `eae data synth`)")
-    if not data.shard_files(t.data, "train"):
+    files = data.shard_files(t.data, "train")
+    if not files:
         raise ValueError(f"{t.data}: no training shards under shards/train; build the data with `eae data build`")
     manifest = read_manifest(t.data)
     longest = manifest.get("settings", {}).get("max_length")
@@ -36,10 +35,8 @@ def check_data(config: PretrainConfig) -> dict:
         raise ValueError(f"{t.data} was built with contexts of up to {longest} wordpieces (--max-length {longest}), "
                          f"more than model.max_length={m.max_length}: set model.max_length={longest} or rebuild "
                          f"the data with --max-length {m.max_length}")
-    files = data.shard_files(t.data, "train")
-    if data.steps_per_epoch(files, t.seed, 0, t.num_workers, t.batch_per_worker) == 0:
-        rows = sorted(sum(pq.read_metadata(f).num_rows for f in data.files_for_rank(files, t.seed, 0, r, t.num_workers))
-                      for r in range(t.num_workers))
+    rows = sorted(data.rows_per_rank(files, t.seed, 0, t.num_workers))
+    if rows[0] < t.batch_per_worker:  # data.steps_per_epoch would be 0: the workers' loop refuses it
         fits = rows[0] * t.num_workers
         raise ValueError(
             f"batch_size {t.batch_size} over {t.num_workers} worker(s) needs {t.batch_per_worker:,} training contexts "
@@ -66,7 +63,7 @@ def data_fitted_overrides(config: PretrainConfig, config_file: str | None, overr
     manifest = read_manifest(config.train.data)
     built = {"model.max_length": manifest.get("settings", {}).get("max_length"),
              "model.num_entities": manifest.get("counts", {}).get("entities")}
-    return [f"{k}={v}" for k, v in built.items() if v and k not in given and v != getattr(config.model, k[6:])]
+    return [f"{k}={v}" for k, v in built.items() if v and k not in given and v != getattr(config.model, k.removeprefix("model."))]
 
 
 def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str | None:

@@ -152,6 +152,8 @@ METRICS = {
     # EaE only (why it wins or not): the memory's top-1 read on the stated facts' probes
     "memory_subject": ("lama-", "lama/synth/stated/memory_subject_accuracy", "EaE memory reads the subject"),
     "memory_answer": ("lama-", "lama/synth/stated/memory_answer_accuracy", "EaE memory reads the answer"),
+    # the same probes with the memory's output zeroed (eval.memory_off): what recall owes to it
+    "memory_off_recall": ("lama-off-", "lama/synth/stated/entity_accuracy", "EaE fact recall, memory output zeroed"),
 }
 PAIRED = [k for k in METRICS if not k.startswith("memory_")]  # what both models have
 PRIORS = {"recall_stated": ("lama-", "lama/synth/stated/prior_entity_accuracy"),

@@ -3,6 +3,7 @@
 #   eae eval lama    fact recall: a cloze probe per fact of the world ("[X] was born in
 #                    [MASK] ."), split into facts pretraining read (their article is in the
 #                    training split: eval.stated_in) and the rest, beside the prior-only baseline
+#   (EaE)            the same probes with the memory's output zeroed (eval.memory_off)
 #   eae eval masked  masked hyperlink prediction on the held-out test articles (Table 2),
 #                    5 maskings pooled
 # Skips what is done.   experiments/regime/eval.sh
@@ -18,6 +19,11 @@ while read -r w z v s cell; do
       eae eval lama --model "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" $(task_resources) \
         --set eval.stated_in="$(data_dir "$w")" --set eval.max_per_relation="$PROBES" \
         --set eval.run_name="lama-$cell" > "$STUDY/logs/lama-$cell.log" 2>&1
+    # shellcheck disable=SC2046
+    [ "$v" = no_eae ] || [ "$v" = mm ] || grep -q "^MLflow run:" "$STUDY/logs/lama-off-$cell.log" 2>/dev/null ||
+      eae eval lama --model "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" $(task_resources) \
+        --set eval.stated_in="$(data_dir "$w")" --set eval.max_per_relation="$PROBES" --set eval.memory_off=true \
+        --set eval.run_name="lama-off-$cell" > "$STUDY/logs/lama-off-$cell.log" 2>&1
     # shellcheck disable=SC2046
     grep -q "^MLflow run:" "$STUDY/logs/masked-$cell.log" 2>/dev/null ||
       eae eval masked --model "$STUDY/models/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \

@@ -4,8 +4,10 @@ evaluation of an untrained model of the same shape, with an exact identity (K ab
 entity count is K = all), or with a hand-computed baseline. The official formats (LAMA jsonl,
 Open Entity, TACRED) are read from small hand-made files in those formats."""
 
+import dataclasses
 import json
 import shutil
+from collections import Counter
 
 import pytest
 import torch
@@ -13,8 +15,10 @@ from mlflow.tracking import MlflowClient
 
 from eae_model.checkpoint import VOCAB_FILES, load_model, save_model
 from eae_model.model import EaEModel
+from eae_model.qa.resolve import AnswerResolver
+from eae_model.tokenizer import WordPieceTokenizer
 from eae_platform import cli
-from eae_platform.evaluate import analysis, entity_typing, lama, masked, relations
+from eae_platform.evaluate import analysis, common, entity_typing, lama, masked, relations
 from eae_platform.evaluate.config import load_eval_config
 from eae_platform.evaluate.probes import expand_quiz, load_probes
 
@@ -110,6 +114,37 @@ def test_lama_probes(synth_pretrained, untrained, tmp_path):
     # the memory's reads: at the subject's mention it finds the subject far above chance
     assert m["lama/synth/memory_subject_accuracy"] > base["lama/synth/memory_subject_accuracy"] + 0.2, (m, base)
     assert 0 <= m["lama/synth/memory_answer_accuracy"] <= 1
+
+
+def test_memory_off_removes_what_the_memory_adds_and_nothing_else(synth_pretrained, tmp_path):
+    """eval.memory_off: every prediction equals the same model's with W_b zeroed (X2 = 0), the
+    memory's reads are unchanged, and the predictions differ from the model's own."""
+    tmp, _, uri = synth_pretrained
+    runs = {}
+    for name, off in (("on", "false"), ("off", "true")):
+        config = load_eval_config(None, [f"eval.mlflow_uri={uri}", f"eval.run_name=lama-memory-{name}",
+                                         f"eval.memory_off={off}"], task="lama", model=str(tmp / "model"),
+                                  data=f"synth:{tmp / 'world'}")
+        runs[name] = lama.run(config)
+    assert _metrics(uri, "lama-memory-off").data.params["eval.memory_off"] == "true"
+    zeroed = load_model(tmp / "model")
+    with torch.no_grad():
+        zeroed.entity_memory.project_value.weight.zero_()
+    probes = load_probes(f"synth:{tmp / 'world'}", config.max_per_relation, config.seed)
+    resolver = AnswerResolver.from_dir(tmp / "model")
+    encoded = lama.encode_probes(probes.probes, WordPieceTokenizer(), zeroed.config.max_length, resolver.entity_id, Counter())
+    reference = lama.score(zeroed, encoded, torch.device("cpu"))
+    on, off = runs["on"]["rows"], runs["off"]["rows"]
+    assert [r["token_prediction"] for r in off] == [r["token_prediction"] for r in reference]
+    assert [r.get("entity_prediction") for r in off] == [r.get("entity_prediction") for r in reference]
+    assert [r.get("memory_subject_correct") for r in off] == [r.get("memory_subject_correct") for r in on]
+    changed = sum((a["token_prediction"], a.get("entity_prediction")) != (b["token_prediction"], b.get("entity_prediction"))
+                  for a, b in zip(on, off))
+    assert changed > 0  # the memory's output reaches this model's predictions
+    no_memory = tmp_path / "no-memory"
+    save_model(EaEModel(dataclasses.replace(zeroed.config, use_entity_memory=False)), no_memory)
+    with pytest.raises(ValueError, match="has no entity memory"):
+        common.load(str(no_memory), uri, torch.device("cpu"), memory_off=True)
 
 
 def _write_openentity(directory):

@@ -16,15 +16,28 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load(spec: str, mlflow_uri: str | None, dev: torch.device | None = None) -> tuple[EaEModel, Path | None]:
+def load(spec: str, mlflow_uri: str | None, dev: torch.device | None = None,
+         memory_off: bool = False) -> tuple[EaEModel, Path | None]:
     """(model in eval mode, its entity vocabulary directory) for an MLflow model URI, a model
-    directory or a pretraining checkpoint."""
+    directory or a pretraining checkpoint; memory_off: see silence_memory."""
     from eae_platform.finetune.qa import resolve_init
 
     init = resolve_init(spec, mlflow_uri)
     model = load_model(init.model_dir, config=init.config).to(dev or device())
     model.eval()
+    if memory_off:
+        silence_memory(model, spec)
     return model, init.vocab_dir
+
+
+def silence_memory(model: EaEModel, name: str = "the model") -> None:
+    """Zero EaE's memory output: W_b E_m becomes 0, so X3 = LayerNorm(X1) at every position. The
+    retrieval still runs (its reads and EL scores are unchanged); only what it adds to the
+    sequence is gone. An ablation for evaluation, not a model variant (the layers after the
+    memory were trained with its output)."""
+    if model.entity_memory is None:
+        raise ValueError(f"eval.memory_off: {name} has no entity memory (model.use_entity_memory=false)")
+    model.entity_memory.project_value.register_forward_hook(lambda module, args, out: torch.zeros_like(out))
 
 
 def tracker(config: EvalConfig, extra_tags: dict | None = None, model_config=None):

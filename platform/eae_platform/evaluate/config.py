@@ -43,6 +43,9 @@ class EvalConfig:
     # synth probes and QA: the `eae data build` directory pretraining read; facts whose subject's
     # article is in its training split are "stated", the others "unstated" (metrics per group)
     stated_in: str = ""
+    # masked / lama: EaE's memory output X2 set to zero at every mention (the memory still reads,
+    # and its reads are still scored), to measure what the predictions take from the memory
+    memory_off: bool = False
     # Entity typing / relation extraction fine-tuning (appendix; Table 9).
     lr: float = 3e-5
     steps: int = 700

@@ -172,7 +172,7 @@ def run(config) -> dict:
 
     dev = device()
     probe_set = load_probes(config.data, config.max_per_relation, config.seed, config.stated_in or None)
-    model, vocab_dir = load(config.model, config.mlflow_uri, dev)
+    model, vocab_dir = load(config.model, config.mlflow_uri, dev, config.memory_off)
     resolver = AnswerResolver.from_dir(vocab_dir) if model.entity_pred is not None and vocab_dir else None
     skipped = Counter(probe_set.skipped)
     encoded = encode_probes(probe_set.probes, WordPieceTokenizer(), model.config.max_length,

@@ -78,7 +78,7 @@ def run(config) -> dict:
     from eae_platform.evaluate.common import device, load, tracker
 
     dev = device()
-    model, _ = load(config.model, config.mlflow_uri, dev)
+    model, _ = load(config.model, config.mlflow_uri, dev, config.memory_off)
     metrics = evaluate_split(model, config.data, config.split, dev, config.batch_size, config.seed, config.mask_rate,
                              config.max_batches, mask_draws=config.mask_draws)
     if not metrics["tokens"]:

@@ -18,12 +18,26 @@ def title(i: int) -> str:
     return f"Entity number {i}"
 
 
-def make_model_dir(directory: Path, max_length: int = 64, seed: int = 0) -> Path:
-    """The tiny preset (512 x 32 entities) with `max_length`, saved with entities.parquet."""
+def aliases(i: int) -> list[str]:
+    """Entity i's aliases in aliases.parquet, most frequent first."""
+    return [f"E{i}", f"number {i}"]
+
+
+def make_model_dir(directory: Path, max_length: int = 64, seed: int = 0, corpus: str | None = "wikipedia") -> Path:
+    """The tiny preset (512 x 32 entities) with `max_length`, saved with entities.parquet (its
+    titles said to come from `corpus`, as `eae data build` records it; None: not recorded)
+    and aliases.parquet."""
+    from eae_platform.preprocess.build import CORPUS_KEY
+
     torch.manual_seed(seed)
     model = EaEModel(load_config("tiny", overrides=[f"max_length={max_length}"]))
     save_model(model, directory)
     n = model.config.num_entities
-    pq.write_table(pa.table({"entity_id": pa.array(range(n), pa.int32()), "title": [title(i) for i in range(n)],
-                             "count": pa.array([1] * n, pa.int64())}), directory / "entities.parquet")
+    entities = pa.table({"entity_id": pa.array(range(n), pa.int32()), "title": [title(i) for i in range(n)],
+                         "count": pa.array([1] * n, pa.int64())})
+    pq.write_table(entities.replace_schema_metadata({CORPUS_KEY: corpus} if corpus else None), directory / "entities.parquet")
+    pq.write_table(pa.table({"alias": [a for i in range(n) for a in aliases(i)],
+                             "entity_id": pa.array([i for i in range(n) for _ in aliases(i)], pa.int32()),
+                             "count": pa.array([c for _ in range(n) for c in (5, 2)], pa.int64())}),
+                   directory / "aliases.parquet")
     return directory

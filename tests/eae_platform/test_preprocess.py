@@ -40,6 +40,8 @@ def test_embedded_dump_counts(built):
     assert all(c["articles_per_split"][s] > 0 for s in ("train", "dev"))
     assert c["mentions_linked"] > 5000 and c["mentions_unlinked"] > 5000
     assert read_manifest(out) == m
+    # the titles are Wikipedia's, and say so where they travel (pretraining copies entities.parquet)
+    assert m["corpus"] == "wikipedia" and pq.read_schema(out / "entities.parquet").metadata[b"eae.corpus"] == b"wikipedia"
     for split, n in c["contexts_per_split"].items():
         assert sum(pq.read_metadata(p).num_rows for p in (out / "shards" / split).glob("*.parquet")) == n
     # every page is accounted for: articles + redirects + skipped pages
@@ -234,6 +236,8 @@ def test_synthetic_world_goes_through_the_same_build(ray_cluster, tmp_path):
     assert vocab <= {e["title"] for e in entities}
     assert m["counts"]["link_mentions_out_of_vocab"] == 0
     assert m["counts"]["mentions_linked"] > 500
+    # its titles name no Wikipedia page: recorded for the server (displaCy's kb_url)
+    assert m["corpus"] == "synthetic" and pq.read_schema(tmp_path / "out" / "entities.parquet").metadata[b"eae.corpus"] == b"synthetic"
 
 
 def test_spacy_ner_adds_unlinked_mentions(ray_cluster, tmp_path):

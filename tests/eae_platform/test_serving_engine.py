@@ -16,8 +16,8 @@ import torch
 from eae_platform.cli import main
 from eae_platform.serving.engine import Engine, EngineConfig, RequestError, parse_spans
 from eae_platform.serving.index import EntityIndex, IndexConfig
-from eae_platform.serving.model_source import resolve
-from tests.eae_platform.serving_fixtures import make_model_dir, title
+from eae_platform.serving.model_source import resolve, titles_corpus
+from tests.eae_platform.serving_fixtures import aliases, make_model_dir, title
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -176,6 +176,24 @@ def test_new_entities_link_at_once_and_survive_a_restart(model_dir, tmp_path):
     assert again["entity_id"] == 512 and again["score"] == pytest.approx(first["score"], abs=1e-6)
 
 
+def test_entities_say_where_their_titles_come_from(engine, tmp_path):
+    assert engine.describe()["titles_from"] == "wikipedia"  # recorded in entities.parquet, as `eae data build` does
+    assert engine.entity(7) == {"entity_id": 7, "title": title(7), "source": "wikipedia", "aliases": aliases(7)}
+    for bad in (512, -1, "7"):
+        with pytest.raises(RequestError, match="no entity") as caught:
+            engine.entity(bad)
+        assert caught.value.status == 404
+    world = Engine(resolve(str(make_model_dir(tmp_path / "world", max_length=32, corpus="synthetic"))))
+    assert world.describe()["titles_from"] == "synthetic" and world.entity(3)["source"] == "synthetic"
+    added = world.add_entities([{"title": "Ada Quill", "contexts": ["Ada Quill wrote about the river."]}], save=False)
+    assert world.entity(added[0]["entity_id"]) == {"entity_id": 512, "title": "Ada Quill", "source": "added", "aliases": []}
+    # a vocabulary that does not say: its data directory's manifest.json may; else it is unknown
+    old = make_model_dir(tmp_path / "old", max_length=32, corpus=None)
+    assert titles_corpus(old / "entities.parquet") is None
+    (old / "manifest.json").write_text(json.dumps({"corpus": "synthetic"}))
+    assert titles_corpus(old / "entities.parquet") == "synthetic" and titles_corpus(None) is None
+
+
 def test_checkpoint_directory_and_store_for_another_model(model_dir, tmp_path):
     ckpt = tmp_path / "checkpoint"
     ckpt.mkdir()
@@ -231,6 +249,7 @@ def test_registered_mlflow_model_is_served_with_its_titles(model_dir, tmp_path):
     assert tracker.close().ok
     engine = Engine(resolve(model_uri, mlflow_uri=uri, cache_dir=tmp_path / "cache"))
     assert engine.titles[11] == title(11) and engine.describe()["model"] == "models:/eae-serve-test@pretrained"
+    assert engine.titles_from == "wikipedia" and engine.entity(11)["aliases"] == aliases(11)  # the vocabulary travels whole
     out = engine.link("the river flows past old mills", [[4, 5]], top_k=2)["mentions"][0]
     assert out["text"] == "river" and out["title"] == title(out["entity_id"])
 

@@ -28,6 +28,11 @@ from eae_platform.preprocess import stages
 from eae_platform.preprocess.vocab import EntityVocab, alias_table, resolve_redirects
 
 
+# entities.parquet's schema metadata and the manifest's "corpus": "wikipedia" or "synthetic"
+# (a world from `eae data synth`, whose titles name no Wikipedia page).
+CORPUS_KEY = "eae.corpus"
+
+
 class NothingReadError(RuntimeError):
     """Not a single article could be read from the input."""
 
@@ -95,7 +100,10 @@ def build(settings: BuildSettings) -> dict:
         resolved_counts[redirects.get(target, target)] += n
     vocab = EntityVocab.most_frequent(resolved_counts, settings.entities)
     aliases = alias_table(anchor_counts, redirects, vocab)
-    write_table_atomic(vocab.to_table(), out / "entities.parquet")
+    # Where the titles come from travels with them (pretraining copies entities.parquet beside
+    # the model): the server links only Wikipedia titles to Wikipedia.
+    corpus = "synthetic" if any(is_synthetic_dump(d) for d in settings.dumps) else "wikipedia"
+    write_table_atomic(vocab.to_table().replace_schema_metadata({CORPUS_KEY: corpus}), out / "entities.parquet")
     write_table_atomic(aliases, out / "aliases.parquet")
     write_table_atomic(_redirect_table(redirects), out / "redirects.parquet")
 
@@ -107,7 +115,8 @@ def build(settings: BuildSettings) -> dict:
         [contexts.remote(i, str(out), ids_ref, redirects_ref, alias_ref, stage_settings) for i in range(len(partitions))],
         "contexts",
     )
-    manifest = _manifest(settings, partitions, parsed, built, vocab, aliases.num_rows, broken, time.time() - started)
+    manifest = {"corpus": corpus,
+                **_manifest(settings, partitions, parsed, built, vocab, aliases.num_rows, broken, time.time() - started)}
     write_text_atomic(json.dumps(manifest, indent=2) + "\n", out / "manifest.json")
     _write_skipped(out, parsed, broken)
     if manifest["counts"]["articles"] == 0:

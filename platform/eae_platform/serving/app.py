@@ -7,8 +7,12 @@ share one forward pass).
     eae serve --model models:/eae@pretrained [--port 8000]     # a local cluster
 
 Endpoints: POST /v1/link (?format=displacy), POST /rel (REL's API), POST /v1/answer,
-POST /v1/entities, GET /healthz, GET /readyz, GET / (the web page), GET /docs (OpenAPI).
-Bad input is a 4xx JSON {"error": message}; the replica serves on.
+POST /v1/entities, GET /entity/{id} (JSON; an HTML page for browsers), GET /healthz, GET /readyz,
+GET / (the web page), GET /docs (OpenAPI).
+Bad input is a 4xx JSON {"error": message}; the replica serves on. The exception: what Serve's
+HTTP proxy (uvicorn with httptools) refuses before any application sees it, a malformed request
+line or a URL over 65,535 bytes, is uvicorn's plain-text 400 "Invalid HTTP request received.";
+Serve offers no hook there (tests/eae_platform/test_serve.py pins it).
 """
 
 
@@ -29,7 +33,7 @@ from ray import serve
 
 from eae_platform.serving.engine import EngineConfig, RequestError
 from eae_platform.serving.index import IndexConfig
-from eae_platform.serving.page import PAGE
+from eae_platform.serving.page import PAGE, entity_page
 
 LOAD_WAIT_S = 300.0  # how long a request waits for its replica's model before a 503
 
@@ -170,6 +174,8 @@ class EaEModelServer:
                 job = engine.link_job(body["text"], body.get("spans"), body.get("top_k"))
             elif kind == "answer":
                 job = engine.answer_job(body["question"], body.get("top_k"))
+            elif kind == "entity":
+                return {"result": engine.entity(body["entity_id"])}
             elif kind == "entities":
                 return {"result": {"added": engine.add_entities(body["entities"], body.get("save")),
                                    "entities": engine.table.num_entities}}
@@ -248,14 +254,20 @@ def _rel_rows(result: dict) -> list[list]:
     return rows
 
 
-def _displacy(result: dict) -> dict:
-    """spaCy/displaCy's manual format; the label shown is the title, kb_id the entity id."""
+def _wikipedia_url(title: str) -> str:
+    return f"https://en.wikipedia.org/wiki/{title.replace(' ', '_')}"
+
+
+def _displacy(result: dict, wikipedia_below: int, entity_url) -> dict:
+    """spaCy/displaCy's manual format; the label shown is the title, kb_id the entity id. kb_url
+    is Wikipedia's page for ids below `wikipedia_below` (titles from Wikipedia), else this
+    server's entity page, `entity_url(id)` (a synthetic world's entities, added ones)."""
     ents = []
     for m in result["mentions"]:
-        title = m["title"]
-        ents.append({"start": m["start"], "end": m["end"], "label": title or f"entity {m['entity_id']}",
-                     "kb_id": str(m["entity_id"]), "score": m["score"],
-                     "kb_url": f"https://en.wikipedia.org/wiki/{title.replace(' ', '_')}" if title else None})
+        title, e = m["title"], m["entity_id"]
+        url = None if e is None else _wikipedia_url(title) if title and e < wikipedia_below else entity_url(e)
+        ents.append({"start": m["start"], "end": m["end"], "label": title or f"entity {e}",
+                     "kb_id": str(e), "score": m["score"], "kb_url": url})
     return {"text": result["text"], "ents": ents, "title": None}
 
 
@@ -265,6 +277,18 @@ def _displacy(result: dict) -> dict:
 class EaEApi:
     def __init__(self, model):
         self.model = model  # DeploymentHandle of EaEModelServer
+        self._wikipedia_below: int | None = None  # entity ids whose titles are Wikipedia's: [0, this)
+
+    async def wikipedia_below(self) -> int:
+        """The model's vocabulary size when its titles come from Wikipedia, else 0 (asked once)."""
+        if self._wikipedia_below is None:
+            status = await self.model.status.remote()
+            if not status["ready"]:
+                return 0
+            about = status["model"]
+            base = about["entities"] - about["added_entities"]
+            self._wikipedia_below = base if about["titles_from"] == "wikipedia" else 0
+        return self._wikipedia_below
 
     async def _call(self, kind: str, body: dict):
         # Linking and answering change nothing: a request whose replica died mid-way is sent
@@ -298,10 +322,10 @@ class EaEApi:
         return status if status["ready"] else JSONResponse(status, 503)
 
     @api.post("/v1/link", summary="link the entities of a text (all mentions, or the given spans)")
-    async def link(self, body: LinkBody, format: Literal["json", "displacy"] = Query("json")):
+    async def link(self, request: Request, body: LinkBody, format: Literal["json", "displacy"] = Query("json")):
         out = await self._call("link", body.model_dump())
         if format == "displacy" and isinstance(out, dict):
-            return _displacy(out)
+            return _displacy(out, await self.wikipedia_below(), lambda e: str(request.url_for("entity", entity_id=e)))
         return out
 
     @api.post("/rel", summary="REL's API: {text, spans: [[start, length]]} -> [[start, length, mention, title, ed_conf, md_conf, tag]]")
@@ -316,6 +340,16 @@ class EaEApi:
     @api.post("/v1/entities", summary="add entities from example contexts, without retraining")
     async def add_entities(self, body: EntitiesBody):
         return await self._call("entities", body.model_dump())
+
+    @api.get("/entity/{entity_id}", name="entity",
+             summary="one entity: title, where the title comes from, aliases (an HTML page when the client accepts text/html)")
+    async def entity(self, request: Request, entity_id: int):
+        out = await self._call("entity", {"entity_id": entity_id})
+        if isinstance(out, dict) and out["source"] == "wikipedia" and out["title"]:
+            out["wikipedia_url"] = _wikipedia_url(out["title"])
+        if isinstance(out, dict) and "text/html" in request.headers.get("accept", ""):
+            return HTMLResponse(entity_page(out))
+        return out
 
     @api.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page(self) -> str:

@@ -29,13 +29,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from eae_model import bio
 from eae_model.constants import MASK_TOKEN_ID
 from eae_model.mentions import Mentions
 from eae_platform.serving.index import IndexConfig
-from eae_platform.serving.model_source import ModelFiles, read_titles
+from eae_platform.serving.model_source import ModelFiles, read_aliases, read_titles, titles_corpus
 from eae_platform.serving.table import FaissEntityTable
 
 STORE_JSON, STORE_ROWS = "added-entities.json", "added-entities.safetensors"
@@ -146,6 +147,8 @@ class Engine:
         self.model.entity_table = self.table
         self.titles = read_titles(files.titles_file, self.base_entities)
         self.title_ids = {t: i for i, t in enumerate(self.titles) if t is not None}
+        self.titles_from = titles_corpus(files.titles_file)  # "wikipedia", "synthetic" or None
+        self._aliases = None  # (entity ids, aliases) from aliases.parquet, read at the first entity()
         self.row_norm = float(self.table.weight.norm(dim=-1).mean())
         self.tokenizer = WordPieceTokenizer()
         self.window = self.model.config.max_length - 2
@@ -159,11 +162,28 @@ class Engine:
         return {
             "model": self.files.source, "preset": c.preset, "max_length": c.max_length,
             "entities": self.table.num_entities, "added_entities": self.table.num_entities - self.base_entities,
-            "titles": self.files.titles_file is not None, "index": self.table.index.describe(),
+            "titles": self.files.titles_file is not None, "titles_from": self.titles_from,
+            "index": self.table.index.describe(),
             "linking_head": "entity_pred" if self.model.entity_pred is not None else "memory",
             "limits": {"max_text_chars": self.config.max_text_chars, "max_top_k": self.config.max_top_k,
                        "max_spans": self.config.max_spans},
         }  # fmt: skip
+
+    def entity(self, entity_id, max_aliases: int = 20) -> dict:
+        """What the server knows of one entity: its title, where the title comes from
+        ("wikipedia", "synthetic", "added" through /v1/entities, or null: unknown) and its most
+        frequent aliases in the training data."""
+        self.sync_store()  # an entity another replica added
+        if not isinstance(entity_id, int) or not 0 <= entity_id < self.table.num_entities:
+            raise RequestError(f"no entity {entity_id}: ids go from 0 to {self.table.num_entities - 1}", 404)
+        if entity_id >= self.base_entities:
+            return {"entity_id": entity_id, "title": self.titles[entity_id], "source": "added", "aliases": []}
+        if self._aliases is None:
+            self._aliases = read_aliases(self.files.titles_file) or (np.zeros(0, np.int64), [])
+        ids, names = self._aliases
+        lo, hi = (int(x) for x in np.searchsorted(ids, [entity_id, entity_id + 1]))
+        return {"entity_id": entity_id, "title": self.titles[entity_id], "source": self.titles_from,
+                "aliases": names[lo:min(hi, lo + max_aliases)].to_pylist() if hi > lo else []}
 
     # --- validation ----------------------------------------------------------------------
 

@@ -8,7 +8,8 @@
 and its entity titles (id -> Wikipedia title) from, in order: `entities` (an entities.parquet
 or the `eae data build` directory holding one), DIR/entities.parquet (what `eae pretrain --out`
 copies from its data), the checkpoint's train.data/entities.parquet. Without any, titles are
-null and say so in /readyz.
+null and say so in /readyz. Where the titles come from (`titles_corpus`: "wikipedia" or
+"synthetic") is in entities.parquet's metadata, else in the manifest.json of its data directory.
 """
 
 from __future__ import annotations
@@ -89,3 +90,32 @@ def read_titles(path: Path | None, num_entities: int) -> list[str | None]:
         if 0 <= i < num_entities:
             titles[i] = title
     return titles
+
+
+def titles_corpus(path: Path | None) -> str | None:
+    """"wikipedia", "synthetic" (a world of `eae data synth`) or None (unknown: a vocabulary
+    built before `eae data build` recorded it)."""
+    if path is None:
+        return None
+    import pyarrow.parquet as pq
+
+    from eae_platform.preprocess.build import CORPUS_KEY
+
+    metadata = pq.read_schema(path).metadata or {}
+    if CORPUS_KEY.encode() in metadata:
+        return metadata[CORPUS_KEY.encode()].decode()
+    manifest = Path(path).parent / "manifest.json"
+    return json.loads(manifest.read_text()).get("corpus") if manifest.is_file() else None
+
+
+def read_aliases(path: Path | None):
+    """The aliases.parquet beside a titles file as (entity ids, aliases), sorted by entity id
+    and, within one, most frequent first; None where there is none."""
+    aliases = Path(path).parent / "aliases.parquet" if path is not None else None
+    if aliases is None or not aliases.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(aliases, columns=["alias", "entity_id", "count"])
+    table = table.sort_by([("entity_id", "ascending"), ("count", "descending")])
+    return table.column("entity_id").to_numpy(), table.column("alias").combine_chunks()

@@ -1,6 +1,10 @@
 """The web page at /: paste text, see its linked mentions highlighted with title and score;
 ask a question, see the ranked answers. Plain HTML and fetch(), no external assets (it must
-work on a cluster without internet). ?text=...&question=... fill the boxes and run at once."""
+work on a cluster without internet). ?text=...&question=... fill the boxes and run at once.
+Until the model answers ready, the line under the heading says so (#info, data-state loading,
+ready or error), asking /readyz every second."""
+
+import html
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Entities as Experts</title>
@@ -19,7 +23,7 @@ PAGE = """<!doctype html>
  small { color: #666; }
 </style></head><body>
 <h1>Entities as Experts</h1>
-<p><small id="info">loading model description...</small></p>
+<p><small id="info" data-state="loading">loading model...</small></p>
 <h2>Link entities</h2>
 <textarea id="text" placeholder="Paste text here"></textarea>
 <button id="link">Link</button>
@@ -70,11 +74,22 @@ $("link").onclick = link;
 $("ask").onclick = ask;
 // Ask until a replica answers ready: the one that answers may still be loading its model
 // (at start, or a replacement after a replica died); a load error is final.
+function show(state, text) {
+  $("info").dataset.state = state;
+  $("info").className = state === "error" ? "error" : "";
+  $("info").textContent = text;
+}
 function describe() {
   fetch("readyz").then((r) => r.json()).then((d) => {
-    $("info").textContent = d.ready ? d.model.model + " - " + d.model.entities + " entities, " + d.model.index.kind + " index on " + d.model.index.device : "model not ready: " + (d.error || "loading");
-    if (!d.ready && d.loading !== false) setTimeout(describe, 2000);
-  }).catch(() => setTimeout(describe, 2000));
+    if (d.ready) {
+      show("ready", d.model.model + " - " + d.model.entities + " entities, " + d.model.index.kind + " index on " + d.model.index.device);
+    } else if (d.loading === false) {
+      show("error", "the model failed to load: " + d.error);
+    } else {
+      show("loading", d.loading ? "loading model... " + Math.round(d.loading_for_s) + " s" : "waiting for a model replica: " + d.error);
+      setTimeout(describe, 1000);
+    }
+  }).catch(() => { show("loading", "waiting for the server..."); setTimeout(describe, 1000); });
 }
 describe();
 const params = new URLSearchParams(location.search);
@@ -82,3 +97,16 @@ if (params.get("text")) { $("text").value = params.get("text"); link(); }
 if (params.get("question")) { $("question").value = params.get("question"); ask(); }
 </script></body></html>
 """
+
+
+def entity_page(entity: dict) -> str:
+    """GET /entity/{id} for a browser: the entity's title, where it comes from and its aliases."""
+    title = html.escape(entity["title"] or f"entity {entity['entity_id']}")
+    source = {"wikipedia": "Wikipedia", "synthetic": "a synthetic world (eae data synth)",
+              "added": "added through /v1/entities"}.get(entity["source"], "unknown")
+    aliases = ", ".join(html.escape(a) for a in entity["aliases"]) or "none known"
+    link = f'<p><a href="{html.escape(entity["wikipedia_url"])}">Wikipedia</a></p>' if entity.get("wikipedia_url") else ""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>'
+            f'<body style="font: 15px/1.5 system-ui, sans-serif; margin: 2em auto; max-width: 60em">'
+            f'<h1>{title}</h1><p>entity {entity["entity_id"]}; title from {source}</p>'
+            f'<p>aliases: {aliases}</p>{link}</body></html>')

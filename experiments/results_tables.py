@@ -61,8 +61,9 @@ def synthetic(client: MlflowClient, prefix: str = "") -> None:
     print(table(["model", "entity acc", "token acc", "PPL", "masked entities", "masked tokens"], rows) + "\n")
     if not prefix:
         print("### Pretraining's own dev evaluation (logged by `eae pretrain`)\n")
-        # `eae pretrain` logs dev_entity_acc, dev_token_acc, dev_ppl (the names eae compare reads,
-        # dev/entity_accuracy, ..., are taken when present)
+        # `eae pretrain` logs dev/entity_accuracy, dev/token_accuracy, dev/perplexity; runs made
+        # before the names were unified (docs/tracking.md) logged dev_entity_acc, dev_token_acc,
+        # dev_ppl: both are read, the new names first
         rows = []
         for v in VARIANTS:
             if m := latest(client, f"pre-{v}"):

@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from eae_platform.progress import VERBOSE_ENV, root_cause, save_traceback, verbose
+
 
 def _model_summary(args: argparse.Namespace) -> int:
     from eae_model.config import load_config
@@ -108,37 +110,60 @@ def _pretrain(args: argparse.Namespace) -> int:
               f"run the same command again to continue from {summary['checkpoint']}")
         return 0
     print(f"\nfinished at step {metrics.get('step')}: " + ", ".join(
-        f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith("dev_")))
+        f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith("dev/")))
     print(f"model:       {summary['model']}")
     print(f"checkpoints: {summary['storage']}  (last: {summary['checkpoint']})")
     if summary.get("mlflow_run_id"):
         print(f"MLflow run:  {summary['mlflow_run_id']} in {summary['mlflow_uri']}")
-        if summary.get("model_uri"):
-            was = summary.get("alias_was")
-            print(f"registered:  {summary['model_uri']} -> version {summary.get('alias_version')}"
-                  + (f" (moved from version {was})" if was else " (new alias)"))
+        _print_registered(summary)
         print(f"open the UI: .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']} --host 127.0.0.1 --port 5000")
     return 0
+
+
+def _print_registered(summary: dict) -> None:
+    """Where a command's model went in the MLflow registry: the alias and the version it now
+    points at (and had pointed at), or the new version when no alias was asked for."""
+    uri = summary.get("model_uri")
+    if uri and "@" in uri:
+        was = summary.get("alias_was")
+        print(f"registered:  {uri} -> version {summary.get('alias_version')}"
+              + (f" (moved from version {was})" if was else " (new alias)"))
+    elif uri:
+        print(f"registered:  {uri} (a new version; no alias moved: --register-as NAME moves NAME's alias)")
 
 
 def _run_in_ray_task(fn, config, args: argparse.Namespace):
     """fn(config) as a Ray task of args.cpus CPUs (torch's threads too) and args.gpus GPUs
     (default: 1 when the cluster has one), on the cluster of --address / RAY_ADDRESS (else a
     new local one). A bad-input error inside the task is raised as itself, without Ray's wrapping."""
+    from eae_platform.progress import relay
     from eae_platform.ray_session import connect
 
     ray = connect(args.address)
     cpus = args.cpus
     gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
 
-    def task(config):
+    def task(config, channel):
         import torch
 
+        from eae_platform.progress import attach
+
+        attach(channel)
         torch.set_num_threads(max(1, int(cpus)))
         return fn(config)
 
     try:
-        return ray.get(ray.remote(num_cpus=cpus, num_gpus=gpus)(task).remote(config))
+        with relay() as channel:  # the task's progress lines, printed here
+            ref = ray.remote(num_cpus=cpus, num_gpus=gpus)(task).remote(config, channel)
+            try:
+                return ray.get(ref)
+            except (KeyboardInterrupt, SystemExit):
+                # Ctrl-C, or SIGTERM (which Ray's driver turns into sys.exit): interrupt the task as
+                # well (a KeyboardInterrupt inside it, so that its MLflow run ends KILLED) and let
+                # it finish that before this driver exits, when Ray would kill it without cleanup
+                ray.cancel(ref)
+                ray.wait([ref], timeout=60)
+                raise
     except ray.exceptions.RayTaskError as error:
         raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError, LookupError)) else error
 
@@ -171,6 +196,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
     if summary["model"]:
         print(f"model:       {summary['model']}")
+    _print_registered(summary)
     return 0
 
 
@@ -226,7 +252,7 @@ def _tune(args: argparse.Namespace) -> int:
     from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
     from eae_platform.ray_session import connect
 
-    space = load_space(args.space, args.set)
+    space = load_space(args.space, args.set + ([f"finetune.register_as={args.register_as}"] if args.register_as else []))
     connect(args.address)
     try:
         summary = run_sweep(space, resume=args.resume)
@@ -237,6 +263,7 @@ def _tune(args: argparse.Namespace) -> int:
     for t in summary["failed"]:
         print(f"trial {t['trial']} failed: {t['error']}", file=sys.stderr)
     print(f"MLflow parent run: {summary['parent_run_id']}; Tune state: {summary['storage']} (resume with --resume)")
+    _print_registered(summary)
     return 0
 
 
@@ -328,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--init", help="pretrained model: models:/<name>@<alias>, a model directory or a checkpoint")
     q.add_argument("--data", help="synth:DIR, fanoutqa[:FILE], triviaqa:TRAIN,DEV[,TEST] or webquestions:TRAIN[,DEV],TEST")
     q.add_argument("--out", help="where the fine-tuned model directory goes")
-    q.add_argument("--register-as", help="register the fine-tuned model in MLflow under this name")
+    q.add_argument("--register-as", metavar="NAME", help="register the fine-tuned model as a version of NAME and "
+                   "point its alias (finetune.alias, default qa) at it (default: a new version of eae-qa, no alias moved)")
     q.add_argument("--max-steps", type=int)
     q.add_argument("--lr", type=float)
     q.add_argument("--batch-size", type=int)
@@ -342,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override: sweep.<key>, finetune.<key> or grid.<key>=[...]")
     t.add_argument("--resume", action="store_true", help="continue the sweep of this name (re-runs failed trials)")
+    t.add_argument("--register-as", metavar="NAME", help="register the selected trial's model as a version of NAME "
+                   "and point its alias (finetune.alias, default qa) at it (default: a new version of eae-qa, no alias moved)")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
     t.set_defaults(func=_tune)
 
@@ -450,17 +480,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--renderings", type=int, default=1, help="times each article states its facts, each "
                    "restatement in its own order and wording (default 1: once)")
     s.set_defaults(func=_data_synth)
+    for command in (b, p, q, t, e, v):  # those that run on Ray
+        command.add_argument("--verbose", action="store_true", help="stream Ray's own output (every worker's, "
+                             "Ray Train's, Ray Data's) and print errors' tracebacks (default: only progress lines; "
+                             "Ray's output goes to the session's log files)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "verbose", False):
+        os.environ[VERBOSE_ENV] = "1"  # read by ray_session.connect (progress.verbose)
+    if not verbose():  # MLflow's artifact download bars (loading a model, a checkpoint) are noise in a progress log;
+        # an MLFLOW_ variable, so ray_session.connect passes it on to the workers
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, LookupError) as error:  # bad input: a clear message
         print(f"eae: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupt:
+        print("eae: interrupted" + (f" ({interrupt})" if str(interrupt) else ""), file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - a failure deep in Ray: its cause last, the traceback in a file
+        if verbose():
+            raise
+        print(f"eae: error: {root_cause(error)}\n(full traceback: {save_traceback(error)}; --verbose prints it)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

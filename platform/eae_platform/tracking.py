@@ -1,9 +1,12 @@
 """MLflow tracking for pretraining runs, built to survive the tracking server going away.
 
-A `Tracker` (used from rank 0 of training only) records a run: the whole config as flattened
-params plus a `config.json` artifact, metrics with their steps (losses per head, dev entity and
-token accuracy and perplexity, tokens/s and step time), checkpoints as artifacts, and the final
-model as a registered MLflow model with an alias (`models:/<name>@<alias>`).
+A `Tracker` records a run: the whole config as flattened params plus a `config.json` artifact,
+metrics with their steps (losses per head, dev entity and token accuracy and perplexity,
+tokens/s and step time; named `<split>/<metric>`), checkpoints as artifacts, and the final
+model as a registered MLflow model version, with an alias when asked (`models:/<name>@<alias>`).
+Used as a context manager (`with tracker:`), it ends the run FINISHED, FAILED on an exception
+and KILLED on KeyboardInterrupt or SystemExit (Ctrl-C; a Ray driver turns SIGTERM, e.g. from
+`ray job stop`, into sys.exit, and Ray Train its Ctrl-C abort).
 
 Where: `tracking_uri()`: MLFLOW_TRACKING_URI when set, else an embedded SQLite store
 `mlflow.db` in the working directory.
@@ -414,7 +417,7 @@ class CloseReport:
     unsent_params: int = 0
     unsent_tags: int = 0
     unsent_artifacts: list[str] = dataclasses.field(default_factory=list)  # artifact paths
-    unsent_models: list[str] = dataclasses.field(default_factory=list)  # "name@alias"
+    unsent_models: list[str] = dataclasses.field(default_factory=list)  # "name@alias" (or "name")
     status_unsent: bool = False
     rejected: list[str] = dataclasses.field(default_factory=list)  # refused by the server, why
     unsent_path: Path | None = None  # the JSONL file holding everything above
@@ -646,13 +649,16 @@ class Tracker:
         return path
 
     def register_model(
-        self, model_dir: str | Path, name: str, alias: str = DEFAULT_ALIAS, step: int = 0, artifact_name: str = "model"
-    ) -> str:
+        self, model_dir: str | Path, name: str, alias: str | None = DEFAULT_ALIAS, step: int = 0,
+        artifact_name: str = "model",
+    ) -> str | None:
         """Log the EaE model directory as an MLflow pyfunc model (an `EaEPyfuncModel` whose
         artifacts hold the directory) linked to this run, register it as a new version of `name`
-        and point `alias` at it. Returns `models:/<name>@<alias>`. If the store is unreachable
-        the registration is queued (the directory staged) and done when it answers or at close;
-        until then the URI resolves to the previous version, if any."""
+        and point `alias` at it (alias None: a new version only, no alias moves). Returns
+        `models:/<name>@<alias>`, or without an alias `models:/<name>/<version>` (None while the
+        registration is queued). If the store is unreachable the registration is queued (the
+        directory staged) and done when it answers or at close; until then the URI resolves to
+        the previous version, if any; `registered` lists the versions made."""
         from eae_model.checkpoint import CONFIG, WEIGHTS
 
         self._check_open()
@@ -662,7 +668,8 @@ class Tracker:
                 raise FileNotFoundError(f"{model_dir / file} not found: not a saved EaE model directory")
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"invalid registered model name {name!r}")
-        _validate_alias(alias)
+        if alias is not None:
+            _validate_alias(alias)
         entry = {
             "type": "register_model", "model_dir": str(model_dir), "name": name, "alias": alias,
             "step": int(step), "artifact_name": artifact_name, "staged": False,
@@ -671,7 +678,9 @@ class Tracker:
         self._journal([entry])
         self._maybe_flush()
         self._stage_pending()
-        return f"models:/{name}@{alias}"
+        if alias is not None:
+            return f"models:/{name}@{alias}"
+        return entry.get("uri")  # set once registered
 
     def flush(self) -> bool:
         """Try to send everything queued now (ignoring the retry interval). True when nothing
@@ -706,7 +715,7 @@ class Tracker:
             run_id=self.run_id, uri=self.uri, status=status,
             unsent_metrics=len(self._q_metrics), unsent_params=len(self._q_params), unsent_tags=len(self._q_tags),
             unsent_artifacts=[f.get("artifact_path") or "." for f in self._q_files],
-            unsent_models=[f"{m['name']}@{m['alias']}" for m in self._q_models],
+            unsent_models=[_model_label(m) for m in self._q_models],
             status_unsent=not status_sent,
             rejected=[f"{_describe(r['item'])}: {r['reason']}" for r in self._rejected],
         )  # fmt: skip
@@ -732,7 +741,10 @@ class Tracker:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._closed is None:
-            status = "FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED"
+            # SystemExit: Ray's drivers answer SIGTERM (`ray job stop`) with sys.exit(15), and Ray
+            # Train its Ctrl-C abort with sys.exit(0): the process was stopped, not failing
+            stopped = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit))
+            status = "FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED"
             self.close(status)
 
     # --- internals ------------------------------------------------------------------------
@@ -959,10 +971,13 @@ class Tracker:
                 model_id=model_id,
             )  # fmt: skip
             entry["version"] = str(mv.version)
-        self._call(c.set_registered_model_alias, entry["name"], entry["alias"], entry["version"])
+        if entry["alias"]:
+            self._call(c.set_registered_model_alias, entry["name"], entry["alias"], entry["version"])
+        entry["uri"] = (f"models:/{entry['name']}@{entry['alias']}" if entry["alias"]
+                        else f"models:/{entry['name']}/{entry['version']}")
         self.registered.append({
             "name": entry["name"], "alias": entry["alias"], "version": entry["version"], "model_id": model_id,
-            "uri": f"models:/{entry['name']}@{entry['alias']}",
+            "uri": entry["uri"],
         })  # fmt: skip
 
     def _mark_down(self, exc: BaseException) -> None:
@@ -1036,6 +1051,20 @@ class Tracker:
             self._journal_path = None
 
 
+def _model_label(item: dict) -> str:
+    """"name@alias", or "name" for a registration that moves no alias."""
+    return f"{item['name']}@{item['alias']}" if item.get("alias") else item["name"]
+
+
+def alias_version(uri: str, name: str, alias: str) -> str | None:
+    """The registered model version `models:/<name>@<alias>` points at, or None (none yet, or
+    the store does not answer): said before and after a registration moves the alias."""
+    try:
+        return str(MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(name, alias).version)
+    except Exception:  # noqa: BLE001 - no such model or alias, or an unreachable store: nothing to report
+        return None
+
+
 def _metric_record(m: tuple[str, float, int, int]) -> dict:
     return {"type": "metric", "key": m[0], "value": m[1], "timestamp": m[2], "step": m[3]}
 
@@ -1049,7 +1078,7 @@ def _describe(item: dict) -> str:
     if kind == "artifacts":
         return f"artifacts {item.get('artifact_path') or '.'} from {item['local_path']}"
     if kind == "register_model":
-        return f"model registration {item['name']}@{item['alias']}"
+        return f"model registration {_model_label(item)}"
     if kind == "end_run":
         return f"the final status {item.get('status')}"
     return str(kind)

@@ -23,7 +23,10 @@ from pathlib import Path
 
 
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+    """A training metric's history: `train/<key>`, or `<key>` in runs made before the metric
+    names were unified (docs/tracking.md)."""
+    history = client.get_metric_history(run_id, f"train/{key}") or client.get_metric_history(run_id, key)
+    return sorted((m.step, m.value) for m in history)
 
 
 # Steady windows stay within a few % of the median (H100 runs: 0.080-0.089 s against 0.082);
@@ -111,7 +114,7 @@ def summarize_run(client, experiment_id: str | None, record: dict, storage: Path
     losses = _history(client, rid, "loss")
     if losses:
         out["loss_first_window"], out["loss_last_window"] = losses[0][1], losses[-1][1]
-    out["dev"] = {k: v for k, v in run.data.metrics.items() if k.startswith("dev_")}
+    out["dev"] = {k: v for k, v in run.data.metrics.items() if k.startswith(("dev/", "dev_"))}
     return out
 
 

@@ -49,6 +49,53 @@ def test_finetuning_beats_the_untuned_model(synth_pretrained, capsys):
     arts = {a.path for a in client.list_artifacts(qa_run.info.run_id, "predictions")}
     assert arts == {"predictions/dev.jsonl", "predictions/test.jsonl"}
     assert (tmp / "qa-model" / "entities.parquet").is_file()
+    # registered as a new version of eae-qa, linked to the run; no alias moved unasked
+    [version] = [v for v in MlflowClient(uri, registry_uri=uri).search_model_versions("name = 'eae-qa'")
+                 if v.run_id == qa_run.info.run_id]
+    assert not version.aliases
+    assert f"registered:  models:/eae-qa/{version.version} (a new version; no alias moved" in out
+
+
+def test_register_as_moves_the_alias_and_a_failed_or_stopped_run_ends_so(synth_pretrained, ray_cluster, capsys):
+    """--register-as NAME: a new version of NAME, its alias qa moved (and said so); a run that
+    fails mid-training ends FAILED; one stopped by SIGTERM (e.g. `ray job stop`) ends KILLED."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    tmp, _, uri = synth_pretrained
+    client = MlflowClient(uri, registry_uri=uri)
+    base = ["finetune", "qa", "--init", str(tmp / "model"), "--data", f"synth:{tmp / 'world'}", "--max-steps", "4",
+            "--set", f"finetune.mlflow_uri={uri}"]
+    for version, said in (("1", "(new alias)"), ("2", "(moved from version 1)")):
+        assert cli.main([*base, "--register-as", "eae-qa-named"]) == 0
+        assert f"registered:  models:/eae-qa-named@qa -> version {version} {said}" in capsys.readouterr().out
+    assert str(client.get_model_version_by_alias("eae-qa-named", "qa").version) == "2"
+
+    assert cli.main([*base, "--lr", "1e30", "--set", "finetune.run_name=qa-diverged"]) == 1  # a non-finite loss
+    assert "the loss is" in capsys.readouterr().err
+    exp = client.get_experiment_by_name("eae-qa").experiment_id
+    [diverged] = client.search_runs([exp], "attributes.run_name = 'qa-diverged'")
+    assert diverged.info.status == "FAILED"
+
+    job = subprocess.Popen([sys.executable, "jobs/finetune_qa.py", *base[2:], "--max-steps", "100000", "--set",
+                            "finetune.run_name=qa-stopped", "--set", "finetune.log_every=1",
+                            "--address", ray_cluster.get_runtime_context().gcs_address],
+                           cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    deadline = time.time() + 300
+    while job.poll() is None:
+        runs = client.search_runs([exp], "attributes.run_name = 'qa-stopped'")
+        if runs and client.get_metric_history(runs[0].info.run_id, "train/loss"):
+            break  # training under way
+        assert time.time() < deadline, "fine-tuning never started"
+        time.sleep(0.5)
+    job.send_signal(signal.SIGTERM)
+    out, _ = job.communicate(timeout=120)
+    [stopped] = client.search_runs([exp], "attributes.run_name = 'qa-stopped'")
+    assert stopped.info.status == "KILLED", out[-3000:]
 
 
 def test_bad_finetune_input_is_a_clear_error(synth_pretrained, capsys):
@@ -95,6 +142,10 @@ grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
     assert sum("test/em" in c.data.metrics for c in children) == 1
     assert parent.data.metrics["test/em"] == summary["test"]["em"] and parent.data.metrics["sweep/trials"] == 4
     assert parent.data.tags["eae.best_run_id"] == best["mlflow_run_id"]
+    # the selected model registered (a new version, no alias moved), linked to its trial's run
+    name, number = summary["model_uri"].removeprefix("models:/").split("/")
+    assert MlflowClient(server.url).get_model_version(name, number).run_id == best["mlflow_run_id"]
+    assert all(c.info.status == "FINISHED" for c in children)
 
 
 def test_failed_trial_is_reported_and_rerun_by_resume_through_optuna(synth_pretrained, tmp_path, capsys):
@@ -105,8 +156,9 @@ finetune: {{init: "{init}", data: "synth:{world}", max_steps: 20, log_every: 10,
            crash_once_file: "{storage}-crashed"}}
 grid: {{lr: [1.0e-3, 3.0e-4]}}
 """)
-    assert cli.main(["tune", "--space", str(path)]) == 0  # one trial fails, the sweep does not
+    assert cli.main(["tune", "--space", str(path), "--register-as", "eae-qa-swept"]) == 0  # one trial fails, the sweep does not
     captured = capsys.readouterr()
+    assert "registered:  models:/eae-qa-swept@qa -> version 1 (new alias)" in captured.out
     assert "failed: RuntimeError: crash_once_file" in captured.err
     assert captured.out.count("| FAILED:") == 1 and captured.out.count("| selected |") == 1
     first = json.loads((tmp_path / "tune" / "crash" / "sweep.json").read_text())

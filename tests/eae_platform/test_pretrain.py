@@ -62,7 +62,7 @@ def test_two_workers_train_with_falling_loss(uninterrupted):
     tmp, config, summary = uninterrupted
     client = MlflowClient(config.train.mlflow_uri)
     run_id = summary["mlflow_run_id"]
-    losses = [m.value for m in sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)]
+    losses = [m.value for m in sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)]
     assert len(losses) == STEPS // 4 and losses[-1] < losses[0]
     # both workers consumed different examples at every step
     trace = _trace(tmp, "plain")
@@ -84,14 +84,16 @@ def test_mlflow_records_the_run(uninterrupted):
     client = MlflowClient(config.train.mlflow_uri)
     r = client.get_run(summary["mlflow_run_id"])
     assert r.data.params["model.num_entities"] == "3000" and r.data.params["train.max_steps"] == str(STEPS)
+    # every metric named <split>/<metric>, as fine-tuning and evaluation name theirs (docs/tracking.md)
     for key in ("loss", "loss_mention", "loss_memory_el", "loss_entity_pred", "loss_mlm", "tokens_per_s", "table_gib_per_worker",
-                "step_time_s", "launch_time_s", "data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s", "dev_entity_acc",
-                "dev_token_acc", "dev_ppl"):
-        assert key in r.data.metrics, key
-    assert "gpu_lag_s" not in r.data.metrics  # measured on GPUs only
+                "step_time_s", "launch_time_s", "data_wait_s", "gc_s", "exchange_s", "grad_sync_wait_s"):
+        assert f"train/{key}" in r.data.metrics, key
+    assert {"dev/entity_accuracy", "dev/token_accuracy", "dev/perplexity"} <= set(r.data.metrics)
+    assert all(k.startswith(("train/", "dev/")) for k in r.data.metrics), sorted(r.data.metrics)
+    assert "train/gpu_lag_s" not in r.data.metrics  # measured on GPUs only
     # each window's clock runs until its steps have finished, past the host's launches
-    launched = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "launch_time_s")}
-    finished = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "step_time_s")}
+    launched = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "train/launch_time_s")}
+    finished = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "train/step_time_s")}
     assert launched and launched.keys() == finished.keys() and all(finished[s] >= launched[s] for s in launched)
     artifacts = [a.path for a in client.list_artifacts(r.info.run_id, "checkpoints")]
     assert len(artifacts) == 1
@@ -137,7 +139,12 @@ def test_killed_run_resumes_with_exactly_the_same_examples(wiki, uninterrupted, 
         run(config)  # max_failures = 0: the run dies with its worker
     watcher.join(timeout=5)
     assert max(s for _, s in _trace(tmp_path, "killed")) < STEPS - 1  # it really stopped early
-    run(_config(wiki, tmp_path, "killed", out=str(tmp_path / "model"), register_as=""))  # relaunch, same name
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (failed,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
+    assert failed.info.status == "FAILED"  # not left RUNNING by the killed workers
+    resumed = run(_config(wiki, tmp_path, "killed", out=str(tmp_path / "model"), register_as=""))  # relaunch, same name
+    assert resumed["mlflow_run_id"] == failed.info.run_id  # the checkpoint's MLflow run goes on, and ends well
+    assert client.get_run(failed.info.run_id).info.status == "FINISHED"
     # the relaunch starts at a checkpoint (every 4 steps) the killed run wrote, not at step 0
     last, restart = _restarted_at(tmp_path, "killed")
     assert 0 < restart <= last + 1 and restart % 4 == 0
@@ -195,9 +202,39 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     assert r.data.params["train.name"] == "crash"
     assert len(client.search_runs([r.info.experiment_id], "attributes.run_name = 'crash'")) == 1
     # one run across the restart: every step's metrics once, the last value of a redone step kept
-    assert sorted({m.step for m in client.get_metric_history(r.info.run_id, "loss")}) == [4, 8, 12, 16]
-    assert "dev_token_acc" in r.data.metrics
+    assert sorted({m.step for m in client.get_metric_history(r.info.run_id, "train/loss")}) == [4, 8, 12, 16]
+    assert "dev/token_accuracy" in r.data.metrics
     assert client.get_model_version_by_alias("eae-pg", "pretrained").run_id == r.info.run_id
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp_path, sig):
+    """`eae pretrain` (as `ray job submit -- python jobs/pretrain.py` runs it) stopped mid-run by
+    Ctrl-C (SIGINT, which Ray Train answers by aborting its workers and sys.exit) or by
+    `ray job stop` (SIGTERM, which Ray's driver turns into sys.exit): its MLflow run ends KILLED,
+    not RUNNING."""
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [sys.executable, "jobs/pretrain.py", "--preset", "tiny", "--data", str(wiki), "--name", "stopped",
+               "--address", ray_cluster.get_runtime_context().gcs_address, "--max-steps", "400",
+               *(x for o in ("model.num_entities=3000", "model.max_length=128", f"train.storage_path={tmp_path / 'ray'}",
+                             "train.batch_size=16", "train.cpus_per_worker=0.5", "train.log_every=4",
+                             "train.checkpoint_every=100", "train.eval_batches=2", f"train.mlflow_uri={uri}")
+                 for x in ("--set", o))]
+    job = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    trace = tmp_path / "ray" / "stopped" / "examples-rank0.jsonl"
+    deadline = time.time() + 300
+    while not (trace.is_file() and len(trace.read_text().splitlines()) >= 3) and job.poll() is None:
+        assert time.time() < deadline, "the pretraining never got to step 3"
+        time.sleep(0.5)
+    job.send_signal(sig)
+    out, _ = job.communicate(timeout=120)
+    client = MlflowClient(uri)
+    (r,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
+    assert r.info.run_name == "stopped" and r.info.status == "KILLED", out[-3000:]
 
 
 def _sharded_table_worker(config):

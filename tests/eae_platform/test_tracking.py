@@ -329,3 +329,25 @@ def test_refused_items_are_reported_not_retried(embedded):
     assert not report.ok and any("train/loss=0.5 at step 1" in r for r in report.rejected), str(report)
     _, records = tracking.read_unsent(report.unsent_path)
     assert any(r["type"] == "rejected" and r["item"]["step"] == 1 for r in records)
+
+
+def test_a_version_registers_without_moving_an_alias_and_the_with_block_ends_runs_by_outcome(tmp_path, model_dir):
+    """register_model(alias=None): a new version, `models:/<name>/<version>`, and no alias
+    touched; `with tracker:` ends the run FINISHED, FAILED on an error, KILLED on Ctrl-C or exit."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
+    with Tracker("eae-status", uri=uri) as first:
+        assert first.register_model(model_dir, "eae-versions", alias="kept") == "models:/eae-versions@kept"
+    with Tracker("eae-status", uri=uri) as second:
+        assert second.register_model(model_dir, "eae-versions", alias=None) == "models:/eae-versions/2"
+    assert str(client.get_model_version_by_alias("eae-versions", "kept").version) == "1"  # the alias stayed
+    assert client.get_model_version("eae-versions", "2").run_id == second.run_id
+    assert tracking.alias_version(uri, "eae-versions", "kept") == "1"
+    assert tracking.alias_version(uri, "eae-versions", "missing") is None
+
+    # SystemExit: what Ray's driver makes of SIGTERM (`ray job stop`)
+    for error, status in ((RuntimeError("boom"), "FAILED"), (KeyboardInterrupt(), "KILLED"), (SystemExit(15), "KILLED")):
+        with pytest.raises(type(error)), Tracker("eae-status", uri=uri) as t:
+            raise error
+        assert client.get_run(t.run_id).info.status == status
+    assert client.get_run(first.run_id).info.status == "FINISHED"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 
 MODULES = {"masked": "masked", "topk": "topk", "lama": "lama", "typing": "entity_typing",
            "relations": "relations", "analysis": "analysis", "overlap": "analysis"}
@@ -19,6 +20,13 @@ MODULES = {"masked": "masked", "topk": "topk", "lama": "lama", "typing": "entity
 
 def run(config) -> dict:
     """Run config.task; returns its summary ({metrics, run_id, ...})."""
+    from eae_platform.progress import say
+
     module = importlib.import_module(f"eae_platform.evaluate.{MODULES[config.task]}")
     runner = getattr(module, "run_overlap" if config.task == "overlap" else "run")
-    return runner(config)
+    say(f"evaluating {config.task}: model {config.model or config.runs}, data {config.data or config.qa_data} "
+        f"(split {config.split})")
+    started = time.perf_counter()
+    summary = runner(config)
+    say(f"evaluated {config.task} in {time.perf_counter() - started:.1f} s")
+    return summary

@@ -16,11 +16,11 @@ import io
 import math
 from dataclasses import dataclass
 
-# Pretraining logs dev_entity_acc, dev_token_acc and dev_ppl during training; an evaluation
-# of a finished model logs dev/entity_accuracy, ... (the first name a run has is shown).
-PRETRAIN = [("entity acc", ("dev_entity_acc", "dev/entity_accuracy"), 100),
-            ("token acc", ("dev_token_acc", "dev/token_accuracy"), 100),
-            ("PPL", ("dev_ppl", "dev/perplexity"), 1)]
+# Pretraining and evaluation log dev/entity_accuracy, ...; pretraining runs made before the
+# names were unified logged dev_entity_acc, dev_token_acc, dev_ppl (the first name a run has is shown).
+PRETRAIN = [("entity acc", ("dev/entity_accuracy", "dev_entity_acc"), 100),
+            ("token acc", ("dev/token_accuracy", "dev_token_acc"), 100),
+            ("PPL", ("dev/perplexity", "dev_ppl"), 1)]
 QA = [("dev EM", ("dev/em",), 100), ("test EM", ("test/em",), 100), ("oracle (test)", ("test/oracle",), 100)]
 TOPK = ("1", "10", "100", "all")
 TOPK_METRICS = [("entity acc", "entity_accuracy", 100), ("token acc", "token_accuracy", 100),

@@ -53,8 +53,12 @@ class FinetuneConfig:
     run_name: str | None = None
     parent_run_id: str | None = None  # MLflow parent (a sweep's run)
     out: str | None = None  # where the fine-tuned model directory goes
-    register_as: str | None = None  # MLflow registered model name (None: do not register)
+    # The fine-tuned model is registered in MLflow: with register_as, as a new version of that
+    # name with `alias` moved to it; without, as a new version of eae-qa, no alias moved (an
+    # alias that other commands load moves only when asked)
+    register_as: str | None = None
     alias: str = "qa"
+    register: bool = True  # False in sweep trials: the sweep registers the model it selects
     crash_once_file: str | None = None  # testing aid: the first run without this file creates it and fails
 
     def __post_init__(self) -> None:

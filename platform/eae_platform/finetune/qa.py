@@ -14,7 +14,10 @@ model's config as params; `train/loss` (+ per head), `train/lr`; `dev/em`, `dev/
 `test/em`, `test/oracle` when test is evaluated, beside the prior-only baseline `<split>/prior_em`
 (synth: always the relation's most frequent training answer) and, with `finetune.stated_in`, EM
 for the questions whose fact pretraining read (`<split>/em_stated`) and the rest (`_unstated`);
-counts as `data/*`; predictions as `predictions/<split>.jsonl` artifacts.
+counts as `data/*`; predictions as `predictions/<split>.jsonl` artifacts. The run ends FAILED on an
+error and KILLED on an interrupt. The fine-tuned model is registered as a new version of
+`models:/eae-qa` (no alias moves), or with `register_as: NAME` of NAME with `alias` (default qa)
+moved to it; sweep trials register nothing (`register: false`; the sweep registers its pick).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from eae_model.tokenizer import WordPieceTokenizer
 from eae_platform.finetune.config import FinetuneConfig
 
 Report = Callable[[dict, "Path | None"], None]  # (metrics, final model dir or None)
+REGISTERED_NAME = "eae-qa"  # the registered model of fine-tuned QA models without --register-as
 
 
 @dataclass
@@ -201,8 +205,7 @@ def _batches(n: int, batch_size: int, seed: int):
 
 
 def finetune(config: FinetuneConfig, report: Report | None = None, device: torch.device | None = None) -> dict:
-    """Fine-tune `config.init` on `config.data`; returns {metrics, run_id, model}."""
-    from eae_platform.pretrain.loop import lr_lambda
+    """Fine-tune `config.init` on `config.data`; returns {metrics, run_id, model, model_uri, ...}."""
     from eae_platform.tracking import Tracker
 
     if config.crash_once_file and not Path(config.crash_once_file).exists():
@@ -221,6 +224,16 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
     if config.parent_run_id:
         tags["mlflow.parentRunId"] = config.parent_run_id
     tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags)
+    with tracker:  # an exception ends the MLflow run FAILED, an interrupt (Ctrl-C, a cancelled task) KILLED
+        return _train(config, report, device, model, task, vocab_dir, tracker)
+
+
+def _train(config: FinetuneConfig, report: Report | None, device: torch.device, model: EaEModel, task: QATask,
+           vocab_dir: Path, tracker) -> dict:
+    """finetune()'s training, evaluation and model registration, logged to `tracker`'s run."""
+    from eae_platform.pretrain.loop import lr_lambda
+    from eae_platform.progress import say
+
     tracker.log_config({**config.to_dict(), "model": model.config.to_dict()})
     tracker.log_metrics({**task.counts, "dev/oracle": task.oracle("dev"), "test/oracle": task.oracle("test")}, step=0)
 
@@ -252,12 +265,14 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
             tracker.log_metrics({("train/loss" if n == "loss" else f"train/loss_{n}"): v / window_steps
                                  for n, v in window.items()} | {"train/lr": scheduler.get_last_lr()[0],
                                  "train/steps_per_s": window_steps / elapsed}, step=step)
+            say(f"step {step}/{steps}: loss {window['loss'] / window_steps:.3f} | {window_steps / elapsed:.2f} steps/s")
             window, window_steps, start = {}, 0, time.perf_counter()
         if config.eval_every and step % config.eval_every == 0 and step < steps:
             dev, _ = task.evaluate(model, "dev", device)
             tracker.log_metrics({"dev/em": dev["em"]}, step=step)
+            say(f"step {step}/{steps}: dev EM {100 * dev['em']:.1f}")
             if report:
-                report({"step": step, "dev_em": dev["em"]}, None)
+                report({"step": step, "dev/em": dev["em"]}, None)
 
     stated = None
     if config.stated_in:
@@ -278,18 +293,37 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
             path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             tracker.log_artifacts(path, "predictions")
     out_dir = Path(config.out) if config.out else None
-    if out_dir or report:
+    keep = out_dir is not None or report is not None  # a Tune trial's directory becomes its checkpoint
+    registered = {}
+    if keep or config.register:
         out_dir = out_dir or Path(tempfile.mkdtemp(prefix="eae-qa-model-"))
         save_qa_model(model, vocab_dir, out_dir)
-        if config.register_as:
-            tracker.register_model(out_dir, config.register_as, config.alias, step=steps)
-    summary = {"metrics": metrics, "run_id": tracker.run_id, "model": str(out_dir) if out_dir else None,
-               "counts": task.counts, "steps": steps}
+        if config.register:
+            registered = register_qa_model(tracker, config, out_dir, steps)
+    summary = {"metrics": metrics, "run_id": tracker.run_id, "model": str(out_dir) if keep else None,
+               "counts": task.counts, "steps": steps, **registered}
     if report:
-        report({"step": steps, "dev_em": dev["em"], "dev_oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},
+        report({"step": steps, "dev/em": dev["em"], "dev/oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},
                out_dir)
     tracker.close()
+    if out_dir is not None and not keep:  # registered (or staged by the tracker): the copy is not needed
+        shutil.rmtree(out_dir, ignore_errors=True)
     return summary
+
+
+def register_qa_model(tracker, config: FinetuneConfig, model_dir: Path, step: int) -> dict:
+    """A fine-tuned model as a new registered version, linked to `tracker`'s run: of
+    `config.register_as` with its alias (`config.alias`) moved to it, else of REGISTERED_NAME
+    with no alias moved (aliases move only when asked). Returns {model_uri} (None while queued
+    for an unreachable store), with an alias also {alias_version, alias_was}."""
+    from eae_platform.tracking import alias_version
+
+    if not config.register_as:
+        return {"model_uri": tracker.register_model(model_dir, REGISTERED_NAME, alias=None, step=step)}
+    was = alias_version(tracker.uri, config.register_as, config.alias)
+    uri = tracker.register_model(model_dir, config.register_as, config.alias, step=step)
+    return {"model_uri": uri, "alias_version": alias_version(tracker.uri, config.register_as, config.alias),
+            "alias_was": was}
 
 
 def save_qa_model(model: EaEModel, vocab_dir: Path, out: Path) -> Path:

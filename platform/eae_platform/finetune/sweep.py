@@ -28,7 +28,7 @@ from eae_model.config import parse_override
 from eae_platform.finetune.config import FinetuneConfig, absolute_paths, finetune_config_from
 
 SEARCHES = ("grid", "optuna-grid", "optuna-tpe")
-METRIC = "dev_em"
+METRIC = "dev/em"  # what trials report to Tune, named as in MLflow
 
 
 @dataclass
@@ -111,7 +111,7 @@ def _trainable(base: dict[str, Any], parent_run_id: str, mlflow_uri: str, cpus: 
         torch.set_num_threads(max(1, int(cpus)))
         config = finetune_config_from({**base, **params, "evaluate_test": False, "parent_run_id": parent_run_id,
                                        "mlflow_uri": mlflow_uri, "run_name": tune.get_context().get_trial_name(),
-                                       "out": None, "register_as": None})
+                                       "out": None, "register": False})
 
         def report(metrics: dict, model_dir: Path | None) -> None:
             if model_dir is None:
@@ -186,12 +186,47 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
             run_config=tune.RunConfig(name=s.name, storage_path=str(root), verbose=1,
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
         )
-    results = tuner.fit()
+    with parent:  # an exception ends the sweep's run FAILED, an interrupt or SIGTERM KILLED
+        try:
+            results = tuner.fit()
+        except (KeyboardInterrupt, SystemExit):  # SIGTERM: Ray's driver exits at once
+            _end_orphans(parent, "KILLED")
+            raise
+        # Ctrl-C: Tune stops the trials (killing their processes) and saves its state
+        interrupted = results.num_terminated + results.num_errors < len(results)
+        _end_orphans(parent, "KILLED" if interrupted else "FAILED")
+        if interrupted:
+            raise KeyboardInterrupt(f"sweep {s.name} interrupted: continue it with --resume")
+        return _select(space, results, parent, mlflow_uri, root)
 
+
+def _end_orphans(parent, status: str) -> None:
+    """End the sweep's trial runs still RUNNING once Tune is done with them: their processes
+    were killed (Tune stops trials on Ctrl-C; a lost node) before finetune() could end them."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=parent.uri)
+        for run in client.search_runs([parent.experiment_id], f"tags.mlflow.parentRunId = '{parent.run_id}' "
+                                      "and attributes.status = 'RUNNING'"):
+            client.set_terminated(run.info.run_id, status)
+    except Exception as error:  # noqa: BLE001 - the store is away: the sweep's own outcome matters more
+        print(f"could not end the sweep's unfinished trial runs {status}: {error}", flush=True)
+
+
+def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> dict:
+    """The finished sweep: every trial, the selected one (on dev EM), its test EM, its model
+    registered."""
+    from eae_platform.finetune.qa import register_qa_model
+    from eae_platform.tracking import Tracker
+
+    s = space.sweep
+    experiment = space.finetune["experiment"]
     trials, failed = [], []
     for r in results:
         params = {k: r.config.get(k) for k in space.grid}
-        row = {"trial": (r.metrics or {}).get("trial_id") or Path(r.path).name, **params, "dev_em": r.metrics.get(METRIC) if r.metrics else None,
+        row = {"trial": (r.metrics or {}).get("trial_id") or Path(r.path).name, **params,
+               "dev_em": r.metrics.get(METRIC) if r.metrics else None,
                "mlflow_run_id": (r.metrics or {}).get("mlflow_run_id"), "checkpoint": r.checkpoint.path if r.checkpoint else None}
         if r.error is not None:
             row["error"] = str(r.error).strip().splitlines()[-1][:300]
@@ -209,14 +244,17 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
                      **{f"eae.best.{k}": best[k] for k in space.grid}})
     parent.log_metrics({"dev/em": best["dev_em"], "test/em": test["em"], "test/oracle": test["oracle"],
                         "dev/oracle": test["dev_oracle"]}, step=0)
+    registered = {}
     if best["mlflow_run_id"]:
         child = Tracker(experiment, uri=mlflow_uri, run_id=best["mlflow_run_id"])
         child.log_metrics({"test/em": test["em"], "test/oracle": test["oracle"]}, step=0)
         child.set_tags({"eae.selected": "true"})
+        config = space.trial_config({k: best[k] for k in space.grid})
+        registered = register_qa_model(child, config, Path(best["checkpoint"]), config.steps)
         child.close()
     parent.close()
     return {"name": s.name, "parent_run_id": parent.run_id, "trials": trials, "failed": failed, "best": best,
-            "test": test, "storage": str(root / s.name)}
+            "test": test, "storage": str(root / s.name), **registered}
 
 
 def _evaluate_test(space: SweepSpace, best: dict, mlflow_uri: str) -> dict:

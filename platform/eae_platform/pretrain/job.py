@@ -16,7 +16,8 @@ from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain import data
 from eae_platform.pretrain.config import PretrainConfig
 from eae_platform.pretrain.loop import train_loop_per_worker
-from eae_platform.tracking import Tracker, tracking_uri
+from eae_platform.progress import relay
+from eae_platform.tracking import Tracker, alias_version, tracking_uri
 
 
 def check_data(config: PretrainConfig) -> dict:
@@ -140,9 +141,6 @@ def name_run(config: PretrainConfig, resume: bool = False) -> None:
 
 
 def run(config: PretrainConfig, resume: bool = False) -> dict:
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     note = vocabulary_note(config, check_data(config))
     if note:
         print(note, flush=True)
@@ -155,9 +153,46 @@ def run(config: PretrainConfig, resume: bool = False) -> dict:
     # Resolved here: workers run in other directories, where the default would name another store.
     t.mlflow_uri = t.mlflow_uri or tracking_uri()
     name_run(config, resume)
+    tracker = open_run(config)
+    with tracker:  # an exception ends the MLflow run FAILED, an interrupt or SIGTERM KILLED
+        with relay() as channel:  # rank 0's progress lines, printed here (eae_platform.progress)
+            result = _fit(config, channel, tracker.run_id)
+        step = (result.metrics or {}).get("step")
+        paused = step is not None and step < t.max_steps  # train.time_budget_s ran out
+        summary = {"checkpoint": result.checkpoint.path if result.checkpoint else None, "metrics": result.metrics,
+                   "model": None if paused else t.out, "storage": str(Path(t.storage_path) / t.name),
+                   "paused_at_step": step if paused else None}
+        if paused:
+            tracker.close("KILLED")  # as rank 0 ended it, with the tag eae.paused_at_step
+        elif result.checkpoint is not None:
+            summary.update(_finish_mlflow(config, tracker, Path(result.checkpoint.path)))
+    return summary
+
+
+def open_run(config: PretrainConfig) -> Tracker:
+    """The MLflow run of `train.name`, held by the driver (rank 0 logs to it): when a worker
+    fails or the job is stopped, Ray kills the workers without any cleanup, and only the driver
+    is left to end the run FAILED or KILLED. A relaunch continues the MLflow run of the
+    checkpoint it resumes; otherwise a new run, with the config logged."""
+    t = config.train
+    last = last_checkpoint_state(t.storage_path, t.name)
+    run_id = last[1].get("mlflow_run_id") if last else None
+    tracker = Tracker(t.experiment, run_name=t.name, run_id=run_id, uri=t.mlflow_uri)
+    if run_id is None:
+        tracker.log_config(config.to_dict())
+    return tracker
+
+
+def _fit(config: PretrainConfig, channel, mlflow_run_id: str):
+    """The TorchTrainer's run; rank 0 sends its progress lines to `channel` (a relay queue) and
+    logs to MLflow run `mlflow_run_id`."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    t = config.train
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=config.to_dict(),
+        train_loop_config={**config.to_dict(), "progress": channel, "mlflow_run_id": mlflow_run_id},
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
@@ -166,40 +201,20 @@ def run(config: PretrainConfig, resume: bool = False) -> dict:
         torch_config=TorchConfig(backend="nccl" if t.use_gpu else "gloo"),
         run_config=RunConfig(name=t.name, storage_path=t.storage_path, failure_config=FailureConfig(max_failures=t.max_failures)),
     )
-    result = trainer.fit()
-    step = (result.metrics or {}).get("step")
-    paused = step is not None and step < t.max_steps  # train.time_budget_s ran out
-    summary = {"checkpoint": result.checkpoint.path if result.checkpoint else None, "metrics": result.metrics,
-               "model": None if paused else t.out, "storage": str(Path(t.storage_path) / t.name),
-               "paused_at_step": step if paused else None}
-    if result.checkpoint is not None and not paused:
-        summary.update(_finish_mlflow(config, Path(result.checkpoint.path)))
-    return summary
+    return trainer.fit()
 
 
-def _finish_mlflow(config: PretrainConfig, checkpoint: Path) -> dict:
+def _finish_mlflow(config: PretrainConfig, tracker: Tracker, checkpoint: Path) -> dict:
     t = config.train
-    state = json.loads((checkpoint / "state.json").read_text())
-    tracker = Tracker(t.experiment, run_id=state["mlflow_run_id"], uri=t.mlflow_uri)
     tracker.log_artifacts(str(checkpoint), f"checkpoints/{checkpoint.name}")
     model_uri = None
     moved = {}
     if t.out and t.register_as:
-        before = _alias_version(t.mlflow_uri, t.register_as, t.alias)
+        before = alias_version(t.mlflow_uri, t.register_as, t.alias)
         model_uri = tracker.register_model(t.out, t.register_as, t.alias)
     report = tracker.close()
     if model_uri:
-        moved = {"alias_version": _alias_version(t.mlflow_uri, t.register_as, t.alias), "alias_was": before}
-    return {"mlflow_run_id": state["mlflow_run_id"], "mlflow_uri": t.mlflow_uri, "model_uri": model_uri,
+        moved = {"alias_version": alias_version(t.mlflow_uri, t.register_as, t.alias), "alias_was": before}
+    return {"mlflow_run_id": tracker.run_id, "mlflow_uri": t.mlflow_uri, "model_uri": model_uri,
             "mlflow_unsent": report, **moved}
 
-
-def _alias_version(uri: str, name: str, alias: str) -> str | None:
-    """The registered model version `models:/<name>@<alias>` points at, or None (none yet, or
-    the store does not answer)."""
-    from mlflow.tracking import MlflowClient
-
-    try:
-        return MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(name, alias).version
-    except Exception:  # noqa: BLE001 - no such model or alias, or an unreachable store: nothing to report
-        return None

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from eae_model.checkpoint import VOCAB_FILES
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
+from eae_platform.progress import attach, say
 from eae_platform.pretrain import data, state
 from eae_platform.pretrain.grad_sync import GradientSync
 from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler, parse_steps
@@ -241,8 +242,7 @@ def evaluate(model: EaEModel, dev: data.DevBatches, device, new_step=lambda: Non
         add_masked_prediction(sums, model, out, batch.input_ids, batch.mentions, batch.mlm_labels)
     model.train()
     metrics = masked_prediction_metrics(_sum_over_workers({k: sums[k] for k in SUM_KEYS}))
-    names = {"token_accuracy": "dev_token_acc", "perplexity": "dev_ppl", "entity_accuracy": "dev_entity_acc"}
-    return {names[k]: v for k, v in metrics.items()}
+    return {f"dev/{k}": v for k, v in metrics.items()}  # dev/entity_accuracy, dev/token_accuracy, dev/perplexity
 
 
 def train_loop_per_worker(config_dict: dict) -> None:
@@ -253,6 +253,8 @@ def train_loop_per_worker(config_dict: dict) -> None:
     t = config.train
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    if rank == 0:  # the one rank whose lines the user sees (job.run's relay)
+        attach(config_dict.get("progress"))
     device = ray.train.torch.get_device()
     if device.type == "cuda":
         # the current device is where the loop's reductions put their tensors (NCCL: one GPU
@@ -283,9 +285,8 @@ def train_loop_per_worker(config_dict: dict) -> None:
     if rank == 0:
         from eae_platform.tracking import Tracker
 
-        tracker = Tracker(t.experiment, run_name=t.name, run_id=progress.get("mlflow_run_id"), uri=t.mlflow_uri)
-        if progress.get("mlflow_run_id") is None:
-            tracker.log_config(config.to_dict())
+        # the run job.run opened (and ends FAILED or KILLED if this loop never gets to close it)
+        tracker = Tracker(t.experiment, run_id=config_dict["mlflow_run_id"], uri=t.mlflow_uri)
         progress["mlflow_run_id"] = tracker.run_id
 
     files = data.shard_files(t.data, "train")  # at least one: job.check_data ran on the driver
@@ -369,9 +370,9 @@ def train_loop_per_worker(config_dict: dict) -> None:
                 first_step = False
                 table_metrics = memory_metrics(list(table.values()), optimizer, device)
                 if tracker is not None:
-                    tracker.log_metrics({"table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
-                    print(f"entity table per worker (rows + grad + Adam state): "
-                          f"{table_metrics['table_gib_per_worker']:.3f} GiB", flush=True)
+                    tracker.log_metrics({"train/table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
+                    say(f"entity table per worker (rows + grad + Adam state): "
+                        f"{table_metrics['table_gib_per_worker']:.3f} GiB")
             if step % t.log_every == 0 or step == t.max_steps:
                 window["gc_s"] = gc_timer.take()
                 _report(window, window_start, step, scheduler, tracker, world_size,
@@ -386,11 +387,12 @@ def train_loop_per_worker(config_dict: dict) -> None:
                     spans.take()  # the evaluation's exchanges are no step's
                 if tracker is not None and metrics:
                     tracker.log_metrics(metrics, step)
+                    say(f"step {step} dev: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
                 _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
     if out_of_time:
         if tracker is not None:
-            print(f"time budget of {t.time_budget_s:g} s spent: paused at step {progress['step']} of {t.max_steps}; "
-                  f"relaunch with the same name ({t.name}) to continue", flush=True)
+            say(f"time budget of {t.time_budget_s:g} s spent: paused at step {progress['step']} of {t.max_steps}; "
+                f"relaunch with the same name ({t.name}) to continue")
             tracker.set_tags({"eae.paused_at_step": progress["step"]})
             tracker.close("KILLED")
         return
@@ -440,8 +442,8 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
                    lr=scheduler.get_last_lr()[0])
     metrics.update(extra or {})
     if tracker is not None:
-        tracker.log_metrics(metrics, step)
-        print(f"step {step}: loss {metrics['loss']:.3f} "
+        tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)  # <split>/<metric>, as every stage
+        say(f"step {step}: loss {metrics['loss']:.3f} "
               + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
               + f" | {metrics['tokens_per_s']:,.0f} tokens/s, {metrics['step_time_s']:.3f} s/step"
               + f" (waiting for data {metrics['data_wait_s']:.3f}, in gc {metrics['gc_s']:.3f})"
@@ -449,7 +451,7 @@ def _report(window, window_start, step, scheduler, tracker, world_size, extra=No
                  if "exchange_s" in metrics else "")
               + (f" | GPU lag {metrics['gpu_lag_s'] * 1e3:.1f} ms, launched in {metrics['launch_time_s']:.4f} s/step"
                  if "gpu_lag_s" in metrics else "")
-              + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""), flush=True)
+              + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""))
     ray.train.report({"step": step, **metrics})
 
 

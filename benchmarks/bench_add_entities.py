@@ -38,7 +38,7 @@ COLUMNS = ["context_id", "text", "token_ids", "token_starts", "token_ends", "men
 
 
 def build_data(work: Path, entities: int, seed: int) -> Path:
-    from eae_model.synth import write_world
+    from eae_data.synth import write_world
 
     data = work / "data"
     if (data / "manifest.json").is_file():

@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections import Counter
 
-from eae_model.wikidump import embedded_dump_path, plan_partitions
+from eae_data.wikidump import embedded_dump_path, plan_partitions
 from eae_platform.preprocess import stages
 from eae_platform.preprocess.build import embedded_settings
 from eae_platform.preprocess.vocab import EntityVocab, alias_table, resolve_redirects

@@ -32,7 +32,7 @@ import time
 import numpy as np
 import torch
 
-from eae_model.constants import MASK_TOKEN_ID, NULL_ENTITY
+from eae_data.constants import MASK_TOKEN_ID, NULL_ENTITY
 from eae_model.mentions import Mentions
 from eae_model.model import IGNORE, TargetIndices
 from eae_platform.pretrain import data

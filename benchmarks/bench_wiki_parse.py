@@ -15,8 +15,8 @@ import bz2
 import time
 from collections import Counter
 
-from eae_model.wikidump import EMBEDDED_DUMP, embedded_dump_path, iter_pages, plan_partitions
-from eae_model.wikitext import parse_wikitext
+from eae_data.wikidump import EMBEDDED_DUMP, embedded_dump_path, iter_pages, plan_partitions
+from eae_data.wikitext import parse_wikitext
 
 
 def _decompress(path: str) -> int:

@@ -18,9 +18,6 @@ from eae_model.model import EaEModel
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 ENTITY_SHARDS = "entities-*.safetensors"  # E split by rows, one file per training worker
 TABLE_KEY = "entity_table.weight"
-# The entity vocabulary `eae data build` writes, copied beside the weights by pretraining:
-# entity ids -> titles, and the aliases and redirects that resolve names to ids.
-VOCAB_FILES = ("entities.parquet", "aliases.parquet", "redirects.parquet")
 
 
 def save_model(model: EaEModel, directory: str | Path) -> Path:

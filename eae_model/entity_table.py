@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eae_model.constants import NULL_ENTITY
+from eae_data.constants import NULL_ENTITY
 from eae_model.fused_memory import IMPLS, block_attention, linking_loss_from_lse, resolve_impl
 
 

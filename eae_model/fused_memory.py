@@ -26,7 +26,7 @@ import os
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from eae_model.constants import NULL_ENTITY
+from eae_data.constants import NULL_ENTITY
 
 IMPLS = ("auto", "dense", "chunked", "triton")
 

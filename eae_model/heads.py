@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eae_model.constants import NULL_ENTITY
+from eae_data.constants import NULL_ENTITY
 from eae_model.entity_table import EntityTable, TableOutput
 from eae_model.memory import span_representation
 from eae_model.mentions import Mentions

@@ -9,11 +9,12 @@ mentions (the paper's data: ~4.4 per context on average), and every computation 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from eae_model.constants import NULL_ENTITY
+from eae_data.constants import NULL_ENTITY
 
 
 class MentionError(ValueError):
@@ -91,35 +92,29 @@ class Mentions:
             ok &= ((self.entity_ids >= NULL_ENTITY) & (self.entity_ids < num_entities)).all()
         if bool(ok):
             return
-        bad = ~in_batch
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise MentionError(f"mention {i}: batch id {int(self.batch_ids[i])} outside the batch of {batch}")
-        bad = ~in_span
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise MentionError(
-                f"mention {i}: span [{int(self.starts[i])}, {int(self.ends[i])}] is not inside "
-                f"a sequence of {length} tokens with start <= end"
-            )
-        bad = ~in_text
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise MentionError(
-                f"mention {i}: span ends at token {int(self.ends[i])}, past the "
-                f"{int(lengths[self.batch_ids[i]])} real tokens of context {int(self.batch_ids[i])}"
-            )
-        if clash.any():
-            j = int(clash.nonzero()[0])
-            raise MentionError(
-                f"overlapping mentions in context {int(b[j])}: [{int(s[j])}, {int(t[j])}] and "
-                f"[{int(s[j + 1])}, {int(t[j + 1])}]"
-            )
+        _raise_first(~in_batch, lambda i: (
+            f"mention {i}: batch id {int(self.batch_ids[i])} outside the batch of {batch}"
+        ))
+        _raise_first(~in_span, lambda i: (
+            f"mention {i}: span [{int(self.starts[i])}, {int(self.ends[i])}] is not inside "
+            f"a sequence of {length} tokens with start <= end"
+        ))
+        _raise_first(~in_text, lambda i: (
+            f"mention {i}: span ends at token {int(self.ends[i])}, past the "
+            f"{int(lengths[self.batch_ids[i]])} real tokens of context {int(self.batch_ids[i])}"
+        ))
+        _raise_first(clash, lambda j: (
+            f"overlapping mentions in context {int(b[j])}: [{int(s[j])}, {int(t[j])}] and "
+            f"[{int(s[j + 1])}, {int(t[j + 1])}]"
+        ))
         if self.entity_ids is not None and num_entities is not None:
-            bad = (self.entity_ids < NULL_ENTITY) | (self.entity_ids >= num_entities)
-            if bad.any():
-                i = int(bad.nonzero()[0])
-                raise MentionError(
-                    f"mention {i}: entity id {int(self.entity_ids[i])} is neither {NULL_ENTITY} "
-                    f"(unlinked) nor in [0, {num_entities})"
-                )
+            _raise_first((self.entity_ids < NULL_ENTITY) | (self.entity_ids >= num_entities), lambda i: (
+                f"mention {i}: entity id {int(self.entity_ids[i])} is neither {NULL_ENTITY} "
+                f"(unlinked) nor in [0, {num_entities})"
+            ))
+
+
+def _raise_first(bad: torch.Tensor, message: Callable[[int], str]) -> None:
+    """Raise MentionError(message(i)) for the first i where bad[i] is true, if any."""
+    if bad.any():
+        raise MentionError(message(int(bad.nonzero()[0])))

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from eae_model.constants import NULL_ENTITY
+from eae_data.constants import NULL_ENTITY
 from eae_model.mentions import Mentions
 
 SUM_KEYS = ("token_nll", "token_correct", "tokens", "entity_correct", "entities")

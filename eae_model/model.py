@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from eae_data.constants import CLS_TOKEN_ID, NULL_ENTITY, SEP_TOKEN_ID
 from eae_model import bio
 from eae_model.config import EaEConfig
-from eae_model.constants import CLS_TOKEN_ID, NULL_ENTITY, SEP_TOKEN_ID
 from eae_model.entity_table import EntityTable, TableOutput, mean_cross_entropy
 from eae_model.heads import EntityPredHead, MentionDetectionHead, TokenPredHead
 from eae_model.memory import EntityMemory, MemoryOutput

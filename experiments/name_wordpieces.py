@@ -12,8 +12,8 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 
-from eae_model.synth import build_world
-from eae_model.tokenizer import WordPieceTokenizer
+from eae_data.synth import build_world
+from eae_data.tokenizer import WordPieceTokenizer
 
 
 def main(num_entities: int, seed: int = 0) -> None:

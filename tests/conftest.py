@@ -55,7 +55,7 @@ def synth_pretrained(ray_cluster, tmp_path_factory):
     registered as models:/eae-world@pretrained. Shared by the QA and evaluation tests."""
     import json
 
-    from eae_model.synth import write_world
+    from eae_data.synth import write_world
     from eae_platform.preprocess.build import BuildSettings, build
     from eae_platform.pretrain.config import load_pretrain_config
     from eae_platform.pretrain.job import run

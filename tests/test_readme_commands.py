@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # Directories of the repository: a command's argument under one of them must exist.
 REPO_DIRS = ("configs/", "tune_spaces/", "serve_apps/", "benchmarks/", "jobs/", "scripts/", "experiments/",
-             "tests/", "eae_model/", "platform/")
+             "tests/", "eae_data/", "eae_model/", "platform/")
 # Placeholders written in the docs where a number is needed.
 PLACEHOLDERS = {"N": "1"}
 

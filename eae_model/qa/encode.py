@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
+from eae_data.aliases import AliasMatcher
+from eae_data.constants import NULL_ENTITY
+from eae_data.contexts import token_span
+from eae_data.qa.examples import QAExample
+from eae_data.tokenizer import WordPieceTokenizer
 from eae_model import bio
-from eae_model.aliases import AliasMatcher
-from eae_model.constants import NULL_ENTITY
-from eae_model.contexts import token_span
 from eae_model.mentions import Mentions
-from eae_model.qa.examples import QAExample
-from eae_model.tokenizer import WordPieceTokenizer
 
 
 @dataclass

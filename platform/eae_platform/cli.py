@@ -71,7 +71,7 @@ def _data_build(args: argparse.Namespace) -> int:
 
 
 def _data_synth(args: argparse.Namespace) -> int:
-    from eae_model.synth import write_world
+    from eae_data.synth import write_world
 
     summary = write_world(Path(args.out), args.entities, args.seed, args.renderings)
     print(

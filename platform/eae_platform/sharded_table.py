@@ -109,8 +109,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from eae_data.constants import NULL_ENTITY as UNLINKED
 from eae_model import fused_memory
-from eae_model.constants import NULL_ENTITY as UNLINKED
 from eae_model.entity_table import TableOutput
 from eae_model.fused_memory import block_backward, block_forward, cast_rows, compute_dtype
 from eae_platform.pretrain.profiling import span

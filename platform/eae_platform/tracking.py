@@ -277,7 +277,7 @@ with warnings.catch_warnings(record=True):
         def predict(self, context, model_input, params=None):
             import torch
 
-            from eae_model.tokenizer import WordPieceTokenizer
+            from eae_data.tokenizer import WordPieceTokenizer
 
             texts = self._texts(model_input)
             if not texts:

@@ -3,8 +3,10 @@ import json
 import pytest
 import torch
 
-from eae_model import EaEModel, Mentions, load_config
 from eae_model.checkpoint import load_model, save_model
+from eae_model.config import load_config
+from eae_model.mentions import Mentions
+from eae_model.model import EaEModel
 
 
 def test_save_load_gives_identical_outputs(tmp_path):

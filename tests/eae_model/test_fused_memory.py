@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from eae_data.constants import NULL_ENTITY
 from eae_model.config import load_config
-from eae_model.constants import NULL_ENTITY
 from eae_model.entity_table import EntityTable, entity_attention, linking_loss
 from eae_model.exact_topk import chunked_top_k
 from eae_model.fused_memory import block_attention, cast_rows, chunked_backward, chunked_forward

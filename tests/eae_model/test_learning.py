@@ -17,11 +17,12 @@ import random
 import pytest
 import torch
 
+from eae_data.constants import CLS_TOKEN_ID, NULL_ENTITY, SEP_TOKEN_ID
 from eae_model.config import load_config
 from eae_model.masking import mask_mentions
 from eae_model.memory import MemoryOutput
-from eae_model.mentions import NULL_ENTITY, Mentions
-from eae_model.model import CLS_TOKEN_ID, SEP_TOKEN_ID, EaEModel
+from eae_model.mentions import Mentions
+from eae_model.model import EaEModel
 
 NUM_ENTITIES = 48
 VOCAB_SIZE = 1024  # a small vocabulary keeps TokenPred and Adam cheap on CPU

@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 import torch
 
+from eae_data.constants import CLS_TOKEN_ID, MASK_TOKEN_ID, NULL_ENTITY, SEP_TOKEN_ID
 from eae_model.config import load_config
-from eae_model.constants import CLS_TOKEN_ID, MASK_TOKEN_ID, NULL_ENTITY, SEP_TOKEN_ID
 from eae_model.mentions import Mentions
 from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
 from eae_model.model import IGNORE, EaEModel, EaEOutput

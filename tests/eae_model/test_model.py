@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 import torch.utils._python_dispatch
 
-from eae_model import EaEModel, MentionError, Mentions, load_config
-from eae_model.model import IGNORE, TargetIndices
+from eae_model.config import load_config
+from eae_model.mentions import MentionError, Mentions
+from eae_model.model import IGNORE, EaEModel, TargetIndices
 
 
 def _batch(seed=0, length=12):

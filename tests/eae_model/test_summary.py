@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from eae_model import EaEModel, load_config
+from eae_model.config import load_config
+from eae_model.model import EaEModel
 from eae_model.summary import parameter_counts
 
 # Paper, section "Models Evaluated" / Table 2. Our counts omit BERT's 0.59M pooler (EaE has no

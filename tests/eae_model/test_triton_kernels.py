@@ -12,9 +12,9 @@ multiple of BLOCK_N nor of the 128-row slices, several slices merged, and M = 0.
 import pytest
 import torch
 
+from eae_data.constants import NULL_ENTITY
 from eae_model import triton_kernels
 from eae_model.config import load_config
-from eae_model.constants import NULL_ENTITY
 from eae_model.entity_table import EntityTable
 from eae_model.fused_memory import chunked_backward, chunked_forward, triton_interpreted
 from eae_model.mentions import Mentions

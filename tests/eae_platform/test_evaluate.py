@@ -13,10 +13,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from eae_model.checkpoint import VOCAB_FILES, load_model, save_model
+from eae_data.constants import VOCAB_FILES
+from eae_data.qa.resolve import AnswerResolver
+from eae_data.tokenizer import WordPieceTokenizer
+from eae_model.checkpoint import load_model, save_model
 from eae_model.model import EaEModel
-from eae_model.qa.resolve import AnswerResolver
-from eae_model.tokenizer import WordPieceTokenizer
 from eae_platform import cli
 from eae_platform.evaluate import analysis, common, entity_typing, lama, masked, relations
 from eae_platform.evaluate.config import load_eval_config
@@ -184,7 +185,7 @@ def test_typing_and_relation_extraction(synth_pretrained, tmp_path):
     _write_openentity(tmp_path / "oe")
     oe, skipped = entity_typing.load_typing(f"openentity:{tmp_path / 'oe'}", 64, 100)
     assert skipped["no_general_type"] == 2  # "woman" only, in train and dev
-    from eae_model.tokenizer import WordPieceTokenizer
+    from eae_data.tokenizer import WordPieceTokenizer
 
     tok = WordPieceTokenizer()
     ids, (s, t), labels = oe["train"][0]
@@ -308,3 +309,29 @@ def test_lama_groups_and_prior_baseline_are_counted_per_group():
     assert "lama/synth/memory_subject_accuracy" not in m  # No-EaE rows carry no memory reads
     other = [{**row("", True, None), "source": "geonames"}]
     assert "lama/geonames/prior_accuracy" not in lama.aggregate(other)  # no prior for real probes
+
+
+def test_bad_typing_and_relation_data_are_clear_errors(tmp_path):
+    """The `--data KIND:ARG,...` dispatch (span_tasks.load_splits): an unknown kind or a wrong
+    number of arguments names the usage; a split left empty names it and the skips."""
+    import re
+
+    for spec in ("squad:x", "synth:a", "openentity:a,b", "wiki:"):
+        usage = "use synth:WORLD,DATA, wiki:DATA[,WORDNET_FILE] or openentity:DIR"
+        with pytest.raises(ValueError, match=re.escape(f"typing data {spec!r}: {usage}") + "$"):
+            entity_typing.load_typing(spec, 64, 10)
+    for spec in ("squad:x", "synth:a,b,c", "wiki:a,b"):
+        usage = "use synth:WORLD,DATA, wiki:DATA or tacred:TRAIN,DEV,TEST"
+        with pytest.raises(ValueError, match=re.escape(f"relation data {spec!r}: {usage}") + "$"):
+            relations.load_relations(spec, 64, 10, 0)
+    with pytest.raises(ValueError, match="tacred needs TRAIN,DEV,TEST json files"):
+        relations.load_relations("tacred:a", 64, 10, 0)
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps([{"relation": "per:city_of_birth", "token": ["Ada", "was", "born", "in", "London"],
+                                 "subj_start": 0, "subj_end": 0, "obj_start": 4, "obj_end": 4}] * 3))
+    bad.write_text(json.dumps([{"relation": "per:city_of_birth"}]))
+    data, skipped = relations.load_relations(f"tacred:{good},{good},{good}", 64, 2, 0)
+    assert [len(data[s]) for s in ("train", "dev", "test")] == [2, 2, 2] and not skipped  # max_examples per split
+    with pytest.raises(ValueError, match=re.escape(f"relation data 'tacred:{good},{bad},{good}' has no dev example "
+                                                   "(skipped: {'bad_record': 1})")):
+        relations.load_relations(f"tacred:{good},{bad},{good}", 64, 10, 0)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from eae_model.wikidump import embedded_dump_path
+from eae_data.wikidump import embedded_dump_path
+from eae_data.shards import SCHEMA, write_table_atomic
 from eae_platform.preprocess import stages
 from eae_platform.preprocess.build import NothingReadError, build, embedded_settings, read_manifest
-from eae_model.shards import SCHEMA, write_table_atomic
 
 ENTITIES = 2000
 
@@ -73,7 +73,7 @@ def _fold(text):
 
 
 def test_every_mention_decodes_back_to_its_text(built):
-    from eae_model.tokenizer import WordPieceTokenizer
+    from eae_data.tokenizer import WordPieceTokenizer
 
     out, _ = built
     tok = WordPieceTokenizer()
@@ -259,7 +259,7 @@ def test_spacy_ner_adds_unlinked_mentions(ray_cluster, tmp_path):
 
 
 def test_ner_model_missing_is_a_clear_error():
-    from eae_model.ner import load_detector
+    from eae_data.ner import load_detector
 
     with pytest.raises(RuntimeError, match="not installed"):
         load_detector("no_such_spacy_model")
@@ -268,7 +268,7 @@ def test_ner_model_missing_is_a_clear_error():
 def test_a_synthetic_world_gets_usable_dev_and_test_splits_by_default(tmp_path):
     """`eae data build --dump WORLD/world.xml` without fractions: 5% each, as for the embedded
     sample (the paper's 0.2% left a 1,000-entity world 1 dev and 3 test contexts)."""
-    from eae_model.synth import write_world
+    from eae_data.synth import write_world
     from eae_platform.preprocess.build import BuildSettings, is_synthetic_dump, synthetic_settings
 
     write_world(tmp_path / "w", 100, 0)

@@ -145,8 +145,8 @@ def _runs(config, count: int | None = None) -> list[str]:
 
 def run(config) -> dict:
     """`eae eval analysis --runs QA_RUN[,QA_RUN...] --data PRETRAIN_DATA`."""
-    from eae_model.aliases import AliasMatcher
-    from eae_model.qa.resolve import AnswerResolver
+    from eae_data.aliases import AliasMatcher
+    from eae_data.qa.resolve import AnswerResolver
     from eae_platform.evaluate.common import tracker
 
     predictions = load_predictions(_runs(config), config.split, config.mlflow_uri)

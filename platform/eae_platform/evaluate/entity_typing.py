@@ -28,15 +28,14 @@ from pathlib import Path
 
 import torch
 
-from eae_model.contexts import token_span
-from eae_model.tokenizer import WordPieceTokenizer
-from eae_platform.evaluate.span_tasks import Example, entity_titles, read_shard_rows, wordnet_nouns
+from eae_data.contexts import token_span
+from eae_data.tokenizer import WordPieceTokenizer
+from eae_platform.evaluate.span_tasks import SPLITS, Example, entity_titles, load_splits, read_shard_rows, wordnet_nouns
 
 GENERAL_TYPES = ("person", "group", "organization", "location", "entity", "time", "object", "event", "place")
-SPLITS = ("train", "dev", "test")
 
 
-def _shard_examples(data_dir: str, types_of: dict[int, list[str]], max_examples: int, skipped: Counter):
+def _shard_examples(data_dir: str, types_of: dict[int, list[str]], skipped: Counter):
     """{split: [(ids, (s, t), labels)]} for linked mentions whose entity has types."""
     out = {}
     for split in SPLITS:
@@ -49,7 +48,7 @@ def _shard_examples(data_dir: str, types_of: dict[int, list[str]], max_examples:
                     skipped["untyped_entity"] += 1
                     continue
                 examples.append((row["token_ids"], (s, t), types_of[e]))
-        out[split] = examples[:max_examples]
+        out[split] = examples
     return out
 
 
@@ -132,26 +131,22 @@ def openentity_examples(directory: str | Path, tokenizer: WordPieceTokenizer, ma
 
 
 def load_typing(spec: str, max_length: int, max_examples: int) -> tuple[dict, Counter]:
-    kind, _, rest = spec.partition(":")
-    args = [a for a in rest.split(",") if a]
-    skipped: Counter = Counter()
-    if kind == "synth" and len(args) == 2:
-        data = _shard_examples(args[1], synth_types(args[0], args[1]), max_examples, skipped)
-    elif kind == "wiki" and args:
+    def synth(args, skipped):
+        return _shard_examples(args[1], synth_types(args[0], args[1]), skipped)
+
+    def wiki(args, skipped):
         from eae_platform.evaluate.probes import WORDNET_NOUNS
 
         by_name = wordnet_general_types(args[1] if len(args) > 1 else WORDNET_NOUNS)
         types = {i: by_name[t] for i, t in enumerate(entity_titles(args[0])) if t in by_name}
-        data = _shard_examples(args[0], types, max_examples, skipped)
-    elif kind == "openentity" and len(args) == 1:
-        data = openentity_examples(args[0], WordPieceTokenizer(), max_length, skipped)
-        data = {s: v[:max_examples] for s, v in data.items()}
-    else:
-        raise ValueError(f"typing data {spec!r}: use synth:WORLD,DATA, wiki:DATA[,WORDNET_FILE] or openentity:DIR")
-    for split in SPLITS:
-        if not data[split]:
-            raise ValueError(f"typing data {spec!r} has no {split} example (skipped: {dict(skipped)})")
-    return data, skipped
+        return _shard_examples(args[0], types, skipped)
+
+    def openentity(args, skipped):
+        return openentity_examples(args[0], WordPieceTokenizer(), max_length, skipped)
+
+    sources = {"synth": (2, 2, synth), "wiki": (1, None, wiki), "openentity": (1, 1, openentity)}
+    return load_splits("typing", spec, sources, "synth:WORLD,DATA, wiki:DATA[,WORDNET_FILE] or openentity:DIR",
+                       max_examples)
 
 
 def micro_f1(probs: torch.Tensor, gold: torch.Tensor, threshold: float) -> float:

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
+from eae_data.tokenizer import WordPieceTokenizer
 from eae_model.mentions import Mentions
 from eae_model.model import EaEModel
-from eae_model.tokenizer import WordPieceTokenizer
 from eae_platform.evaluate.probes import MASK, Probe
 
 
@@ -166,7 +166,7 @@ def run(config) -> dict:
     import tempfile
     from pathlib import Path
 
-    from eae_model.qa.resolve import AnswerResolver
+    from eae_data.qa.resolve import AnswerResolver
     from eae_platform.evaluate.common import device, load, tracker
     from eae_platform.evaluate.probes import load_probes
 

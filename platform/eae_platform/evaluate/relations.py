@@ -25,12 +25,11 @@ from pathlib import Path
 
 import torch
 
-from eae_model.tokenizer import WordPieceTokenizer
-from eae_platform.evaluate.span_tasks import Example, entity_titles, read_shard_rows
+from eae_data.tokenizer import WordPieceTokenizer
+from eae_platform.evaluate.span_tasks import SPLITS, Example, entity_titles, load_splits, read_shard_rows
 
 NO_RELATION = "no_relation"
 MARKERS = ("[unused0]", "[unused1]", "[unused2]", "[unused3]")  # subject start/end, object start/end
-SPLITS = ("train", "dev", "test")
 PTB_BRACKETS = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "-LCB-": "{", "-RCB-": "}"}
 
 
@@ -122,7 +121,7 @@ def synth_triples(world_dir: str | Path, data_dir: str | Path) -> set[tuple[int,
 def wiki_triples(data_dir: str | Path, skipped: Counter) -> set[tuple[int, str, int]]:
     """Real relations between entities of DATA's vocabulary (names resolved like QA answers:
     title, redirect, anchor text)."""
-    from eae_model.qa.resolve import AnswerResolver
+    from eae_data.qa.resolve import AnswerResolver
     from eae_platform.evaluate.probes import WORDNET_NOUNS, bsdgames_probes, geonames_probes
     from eae_platform.evaluate.span_tasks import wordnet_nouns
 
@@ -184,21 +183,17 @@ def tacred_examples(paths: list[str], max_length: int, skipped: Counter) -> dict
 
 
 def load_relations(spec: str, max_length: int, max_examples: int, seed: int) -> tuple[dict, Counter]:
-    kind, _, rest = spec.partition(":")
-    args = [a for a in rest.split(",") if a]
-    skipped: Counter = Counter()
-    if kind == "synth" and len(args) == 2:
-        data = distant_examples(args[1], synth_triples(args[0], args[1]), max_length, max_examples, seed, skipped)
-    elif kind == "wiki" and len(args) == 1:
-        data = distant_examples(args[0], wiki_triples(args[0], skipped), max_length, max_examples, seed, skipped)
-    elif kind == "tacred":
-        data = {s: v[:max_examples] for s, v in tacred_examples(args, max_length, skipped).items()}
-    else:
-        raise ValueError(f"relation data {spec!r}: use synth:WORLD,DATA, wiki:DATA or tacred:TRAIN,DEV,TEST")
-    for split in SPLITS:
-        if not data[split]:
-            raise ValueError(f"relation data {spec!r} has no {split} example (skipped: {dict(skipped)})")
-    return data, skipped
+    def synth(args, skipped):
+        return distant_examples(args[1], synth_triples(args[0], args[1]), max_length, max_examples, seed, skipped)
+
+    def wiki(args, skipped):
+        return distant_examples(args[0], wiki_triples(args[0], skipped), max_length, max_examples, seed, skipped)
+
+    def tacred(args, skipped):  # tacred_examples says what a wrong number of files needs
+        return tacred_examples(args, max_length, skipped)
+
+    sources = {"synth": (2, 2, synth), "wiki": (1, 1, wiki), "tacred": (0, None, tacred)}
+    return load_splits("relation", spec, sources, "synth:WORLD,DATA, wiki:DATA or tacred:TRAIN,DEV,TEST", max_examples)
 
 
 def f1_score(predicted: list[str], gold: list[str]) -> dict[str, float]:

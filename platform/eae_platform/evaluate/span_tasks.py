@@ -13,6 +13,8 @@ or from the tasks' official formats.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,8 @@ import torch
 from torch import nn
 
 from eae_model.model import EaEModel
+
+SPLITS = ("train", "dev", "test")
 
 
 @dataclass
@@ -95,6 +99,25 @@ def predict(classifier: PositionClassifier, examples: list[Example], device: tor
     classifier.eval()
     out = [classifier(*collate(examples[i : i + batch_size], device)).cpu() for i in range(0, len(examples), batch_size)]
     return torch.cat(out) if out else torch.zeros(0, classifier.head.out_features)
+
+
+def load_splits(task: str, spec: str, sources: dict[str, tuple[int, int | None, Callable[[list[str], Counter], dict]]],
+                usage: str, max_examples: int) -> tuple[dict[str, list], Counter]:
+    """A `--data KIND:ARG,...` spec -> ({split: at most max_examples examples}, skipped).
+    sources[KIND] = (fewest ARGs, most ARGs or None for any number, build(ARGs, skipped) ->
+    {split: examples}). A clear error for an unknown KIND, a wrong number of ARGs (both name
+    `usage`) or a split left without examples."""
+    kind, _, rest = spec.partition(":")
+    args = [a for a in rest.split(",") if a]
+    skipped: Counter = Counter()
+    fewest, most, build = sources.get(kind, (0, None, None))
+    if build is None or len(args) < fewest or (most is not None and len(args) > most):
+        raise ValueError(f"{task} data {spec!r}: use {usage}")
+    data = {split: examples[:max_examples] for split, examples in build(args, skipped).items()}
+    for split in SPLITS:
+        if not data[split]:
+            raise ValueError(f"{task} data {spec!r} has no {split} example (skipped: {dict(skipped)})")
+    return data, skipped
 
 
 def read_shard_rows(data_dir: str | Path, split: str, limit: int = 0) -> list[dict]:

@@ -28,7 +28,7 @@ MENTION_SOURCES = ("alias", "none")
 @dataclass
 class FinetuneConfig:
     init: str = ""  # models:/<name>@<alias>, a model directory, or a pretraining checkpoint
-    data: str = ""  # a QA dataset spec (eae_model.qa.examples.load_dataset)
+    data: str = ""  # a QA dataset spec (eae_data.qa.examples.load_dataset)
     vocab: str | None = None  # entity vocabulary directory (default: the model's own)
     lr: float = 3e-5
     batch_size: int = 32

@@ -34,15 +34,16 @@ from pathlib import Path
 
 import torch
 
-from eae_model.aliases import AliasMatcher
-from eae_model.checkpoint import VOCAB_FILES, load_model, save_model
+from eae_data.aliases import AliasMatcher
+from eae_data.constants import VOCAB_FILES
+from eae_data.qa.examples import SPLITS, QAExample, load_dataset, normalize_answer
+from eae_data.qa.resolve import AnswerResolver
+from eae_data.tokenizer import WordPieceTokenizer
+from eae_model.checkpoint import load_model, save_model
 from eae_model.config import EaEConfig
 from eae_model.model import EaEModel
 from eae_model.mentions import Mentions
 from eae_model.qa.encode import EncodedQuestion, QAEncoder
-from eae_model.qa.examples import SPLITS, QAExample, load_dataset, normalize_answer
-from eae_model.qa.resolve import AnswerResolver
-from eae_model.tokenizer import WordPieceTokenizer
 from eae_platform.finetune.config import FinetuneConfig
 
 Report = Callable[[dict, "Path | None"], None]  # (metrics, final model dir or None)

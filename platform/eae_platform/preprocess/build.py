@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from eae_model.shards import SCHEMA, write_table_atomic, write_text_atomic
-from eae_model.wikidump import embedded_dump_path, plan_partitions
+from eae_data.shards import SCHEMA, write_table_atomic, write_text_atomic
+from eae_data.synth.output import GENERATOR
+from eae_data.wikidump import embedded_dump_path, plan_partitions
 from eae_platform.preprocess import stages
 from eae_platform.preprocess.vocab import EntityVocab, alias_table, resolve_redirects
 
@@ -222,7 +223,7 @@ def is_synthetic_dump(path: str | Path) -> bool:
     """Whether `path` is a world written by `eae data synth` (its siteinfo names the generator;
     `eae data synth` writes plain XML, so a compressed dump never matches)."""
     with open(path, "rb") as fh:
-        return b"<generator>eae_model.synth" in fh.read(4096)
+        return f"<generator>{GENERATOR}".encode() in fh.read(4096)
 
 
 def count_rows(out: str | Path, split: str) -> int:

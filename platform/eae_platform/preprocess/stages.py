@@ -18,14 +18,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eae_model.aliases import AliasMatcher
-from eae_model.contexts import SOURCE_LINK, ContextBuilder, Span
-from eae_model.constants import NULL_ENTITY
-from eae_model.ner import DEFAULT_MODEL, load_detector, spacy_available
-from eae_model.shards import CONTEXT_ID_STRIDE, SCHEMA, write_table_atomic, write_text_atomic
-from eae_model.tokenizer import WordPieceTokenizer
-from eae_model.wikidump import Partition, iter_pages
-from eae_model.wikitext import normalize_title, parse_wikitext
+from eae_data.aliases import AliasMatcher
+from eae_data.contexts import SOURCE_LINK, ContextBuilder, Span
+from eae_data.constants import NULL_ENTITY
+from eae_data.ner import DEFAULT_MODEL, load_detector, spacy_available
+from eae_data.shards import CONTEXT_ID_STRIDE, SCHEMA, write_table_atomic, write_text_atomic
+from eae_data.tokenizer import WordPieceTokenizer
+from eae_data.wikidump import Partition, iter_pages
+from eae_data.wikitext import normalize_title, parse_wikitext
 
 SPLITS = ("train", "dev", "test")
 PARSED_SCHEMA = pa.schema(

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from eae_model.constants import MASK_TOKEN_ID, NULL_ENTITY
+from eae_data.constants import MASK_TOKEN_ID, NULL_ENTITY
 from eae_model.mentions import Mentions
 from eae_model.model import IGNORE, TargetIndices
 

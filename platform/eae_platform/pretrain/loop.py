@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from eae_model.checkpoint import VOCAB_FILES
+from eae_data.constants import VOCAB_FILES
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform.progress import attach, say

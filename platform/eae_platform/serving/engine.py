@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eae_data.constants import MASK_TOKEN_ID
 from eae_model import bio
-from eae_model.constants import MASK_TOKEN_ID
 from eae_model.mentions import Mentions
 from eae_platform.serving.index import IndexConfig
 from eae_platform.serving.model_source import ModelFiles, read_aliases, read_titles, titles_corpus
@@ -132,8 +132,8 @@ def parse_spans(spans, text: str, max_spans: int) -> list[tuple[int, int]]:
 
 class Engine:
     def __init__(self, files: ModelFiles, config: EngineConfig | None = None, device: str = "cpu"):
+        from eae_data.tokenizer import WordPieceTokenizer
         from eae_model.checkpoint import load_model
-        from eae_model.tokenizer import WordPieceTokenizer
 
         self.config = c = config or EngineConfig()
         if c.num_threads:

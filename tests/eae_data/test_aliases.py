@@ -1,5 +1,5 @@
-from eae_model.aliases import AliasMatcher
-from eae_model.contexts import SOURCE_ALIAS, Span
+from eae_data.aliases import AliasMatcher
+from eae_data.contexts import SOURCE_ALIAS, Span
 
 
 def spans_text(text, spans):

@@ -10,8 +10,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import pytest
 
-from eae_model import wikidump
-from eae_model.wikidump import (
+from eae_data import wikidump
+from eae_data.wikidump import (
     Page,
     Partition,
     ReadStats,
@@ -19,7 +19,7 @@ from eae_model.wikidump import (
     iter_pages,
     plan_partitions,
 )
-from eae_model.wikitext import parse_wikitext
+from eae_data.wikitext import parse_wikitext
 
 HEADER = (
     '<mediawiki xmlns="http://www.mediawiki.org/xml/export-{v}/" version="{v}" xml:lang="en">\n'

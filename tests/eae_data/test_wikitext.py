@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eae_model.wikitext import Link, normalize_title, parse_wikitext
+from eae_data.wikitext import Link, normalize_title, parse_wikitext
 
 
 def spans_of(parsed) -> list[tuple[int, int, str, str]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eae_model.synth import RELATIONS, build_world, fact_sentence, type_counts, write_world
+from eae_data.synth import RELATIONS, build_world, fact_sentence, type_counts, write_world
 
 NS = {"m": "http://www.mediawiki.org/xml/export-0.10/"}
 FILES = ("world.xml", "entities.jsonl", "facts.jsonl", "questions.jsonl", "summary.json")
@@ -61,7 +61,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(out, tmp_path):
 def test_bytes_do_not_depend_on_the_hash_seed(tmp_path):
     # Set iteration order changes with PYTHONHASHSEED; the files must not.
     write_world(tmp_path / "here", 60, 11)
-    code = f"from eae_model.synth import write_world; write_world({str(tmp_path / 'there')!r}, 60, 11)"
+    code = f"from eae_data.synth import write_world; write_world({str(tmp_path / 'there')!r}, 60, 11)"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parents[2])
     for name in FILES:
@@ -196,8 +196,8 @@ def test_bad_renderings_are_rejected_before_writing(tmp_path, renderings):
 def test_renderings_restate_every_fact_in_new_wording_never_a_probes(out, tmp_path):
     """--renderings 3: the same world (entities, facts, questions), each article stating each of
     its facts twice more, with its subject named, in sentences that are no probe's wording."""
-    from eae_model.synth import restatement
-    from eae_model.wikitext import parse_wikitext
+    from eae_data.synth import restatement
+    from eae_data.wikitext import parse_wikitext
     from eae_platform.evaluate.probes import SYNTH_TEMPLATES
 
     write_world(tmp_path / "r3", N, SEED, 3)

@@ -7,8 +7,8 @@ unordered entity pair, see world.split_of).
 
 from __future__ import annotations
 
-from eae_model.synth.articles import choose
-from eae_model.synth.world import Entity, Fact, World
+from eae_data.synth.articles import choose
+from eae_data.synth.world import Entity, Fact, World
 
 QUESTIONS = {
     "located_in": ("Which country is {s} located in?", "In which country is the city of {s}?"),

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TextIO
 from xml.sax.saxutils import escape, quoteattr
 
-from eae_model.synth.articles import fact_sentence, render_article, render_redirect
-from eae_model.synth.questions import make_question
-from eae_model.synth.world import RELATIONS, SPLITS, TYPE_SHARES, World, build_world
+from eae_data.synth.articles import fact_sentence, render_article, render_redirect
+from eae_data.synth.questions import make_question
+from eae_data.synth.world import RELATIONS, SPLITS, TYPE_SHARES, World, build_world
 
 FORMAT_VERSION = 1  # bump whenever the same (num_entities, seed) would give other bytes
 TIMESTAMP = "2020-01-01T00:00:00Z"  # every revision's: fixed, for reproducible bytes
@@ -26,6 +26,11 @@ _NAMESPACES = ((-2, "Media"), (-1, "Special"), (0, ""), (1, "Talk"), (2, "User")
                (4, "Wikipedia"), (5, "Wikipedia talk"), (6, "File"), (7, "File talk"),
                (8, "MediaWiki"), (9, "MediaWiki talk"), (10, "Template"), (11, "Template talk"),
                (12, "Help"), (13, "Help talk"), (14, "Category"), (15, "Category talk"))
+# The siteinfo's generator: the mark by which `eae data build` knows a synthetic world
+# (eae_platform.preprocess.build.is_synthetic_dump). A format mark, not a module path: it keeps
+# the package name the format was made under, so that worlds written before the data code moved
+# to eae_data still read as synthetic, and a world's dump is byte-identical to theirs.
+GENERATOR = "eae_model.synth"
 _HEADER = (
     '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" '
     'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
@@ -35,7 +40,7 @@ _HEADER = (
     "    <sitename>Synthetic Wikipedia</sitename>\n"
     "    <dbname>synthwiki</dbname>\n"
     "    <base>https://synth.invalid/wiki/Main_Page</base>\n"
-    "    <generator>eae_model.synth {version}</generator>\n"
+    f"    <generator>{GENERATOR} {{version}}</generator>\n"
     "    <case>first-letter</case>\n"
     "    <namespaces>\n"
     + "".join(f'      <namespace key="{k}" case="first-letter">{n}</namespace>\n' if n

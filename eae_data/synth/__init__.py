@@ -17,10 +17,10 @@ may call them by surname alone ([[Arlo Venn|Venn]]); a film adapted from a novel
 name, its page title is "Name (film)".
 """
 
-from eae_model.synth.articles import fact_sentence, link, render_article, render_redirect, restatement
-from eae_model.synth.output import WorldSummary, summarize, write_dump, write_world
-from eae_model.synth.questions import make_question
-from eae_model.synth.world import MIN_ENTITIES, RELATIONS, Entity, Fact, World, build_world, type_counts
+from eae_data.synth.articles import fact_sentence, link, render_article, render_redirect, restatement
+from eae_data.synth.output import WorldSummary, summarize, write_dump, write_world
+from eae_data.synth.questions import make_question
+from eae_data.synth.world import MIN_ENTITIES, RELATIONS, Entity, Fact, World, build_world, type_counts
 
 __all__ = ["MIN_ENTITIES", "RELATIONS", "Entity", "Fact", "World", "WorldSummary", "build_world",
            "fact_sentence", "link", "make_question", "render_article", "render_redirect", "restatement", "summarize",

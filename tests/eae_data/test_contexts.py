@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eae_model.contexts import SOURCE_ALIAS, ContextBuilder, Span, chunk_boundaries
-from eae_model.tokenizer import WordPieceTokenizer
+from eae_data.contexts import SOURCE_ALIAS, ContextBuilder, Span, chunk_boundaries
+from eae_data.tokenizer import WordPieceTokenizer
 
 
 @pytest.fixture(scope="module")

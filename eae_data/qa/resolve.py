@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eae_model.checkpoint import VOCAB_FILES
-from eae_model.qa.examples import QAExample, normalize_answer
+from eae_data.constants import VOCAB_FILES
+from eae_data.qa.examples import QAExample, normalize_answer
 
 
 class AnswerResolver:

@@ -16,8 +16,8 @@ import itertools
 import re
 from collections.abc import Iterable
 
-from eae_model.contexts import SOURCE_ALIAS, Span
-from eae_model.constants import NULL_ENTITY
+from eae_data.contexts import SOURCE_ALIAS, Span
+from eae_data.constants import NULL_ENTITY
 
 _WORD = re.compile(r"(\w+(?:['’.-]\w+)*)")  # a capture group: re.split keeps the words
 _FUNCTION_WORDS = frozenset(

@@ -155,8 +155,23 @@ METRICS = {
     "memory_answer": ("lama-", "lama/synth/stated/memory_answer_accuracy", "EaE memory reads the answer"),
     # the same probes with the memory's output zeroed (eval.memory_off): what recall owes to it
     "memory_off_recall": ("lama-off-", "lama/synth/stated/entity_accuracy", "EaE fact recall, memory output zeroed"),
+    # the fine-tuned QA model's test with the memory's output zeroed (finetune.memory_off_eval)
+    "memory_off_qa_em": ("qa-", "test/em_memory_off", "EaE QA test EM, memory output zeroed"),
+    "memory_off_qa_em_stated": ("qa-", "test/em_stated_memory_off",
+                                "EaE QA test EM, facts pretraining read, memory output zeroed"),
+    # masked entity accuracy with the memory reading only the top K entities (eae eval topk, Table 7)
+    **{f"memory_k_{k}": ("topk-", f"topk/{k}/entity_accuracy", f"EaE masked entity acc, K={k}")
+       for k in ("1", "10", "100", "all")},
 }
 PAIRED = [k for k in METRICS if not k.startswith("memory_")]  # what both models have
+# EaE against its own ablations, paired by seed: (label, [(EaE's metric, the ablation's metric)])
+ABLATIONS = [
+    ("memory output zeroed at evaluation (EaE − the same model without its memory's output)",
+     [("recall_stated", "memory_off_recall"), ("qa_em", "memory_off_qa_em"),
+      ("qa_em_stated", "memory_off_qa_em_stated")]),
+    ("K at inference (EaE with every entity − EaE reading the top K), masked entity acc",
+     [("memory_k_all", f"memory_k_{k}") for k in ("1", "10", "100")]),
+]
 PRIORS = {"recall_stated": ("lama-", "lama/synth/stated/prior_entity_accuracy"),
           "recall_unstated": ("lama-", "lama/synth/unstated/prior_entity_accuracy"),
           "qa_em": ("qa-", "test/prior_em"), "qa_em_stated": ("qa-", "test/prior_em_stated"),
@@ -312,25 +327,65 @@ def print_tables(cells: dict, figure: Path | None) -> None:
             continue
         row = [world_label(w), z, f"{s['facts'] / s['transformer']:.3f}"]
         for k in PAIRED:
-            a = dict(zip(eae["seeds"], eae[k]))
-            b = dict(zip(no["seeds"], no[k]))
-            diffs = [a[x] - b[x] for x in a if x in b and a[x] is not None and b[x] is not None]
-            if not diffs:
-                row.append("–")
-                continue
-            mean, _, half = mean_ci(diffs)
-            scale = 1 if k == "masked_ppl" else 100
-            gaps[(w, z, k)] = (mean * scale, half * scale, len(diffs))
-            better = -1 if k == "masked_ppl" else 1  # PPL: lower is better
-            verdict = "" if math.isnan(half) else (" ✓" if better * mean - half > 0 else " ✗" if better * mean + half < 0 else " ~")
-            row.append(f"{mean * scale:+.1f} [{(mean - half) * scale:+.1f}, {(mean + half) * scale:+.1f}]{verdict}"
-                       if not math.isnan(half) else f"{mean * scale:+.1f} (n=1)")
+            gap = paired_gap(eae, k, no, k)
+            if gap:
+                gaps[(w, z, k)] = gap
+            row.append(gap_cell(gap, lower_is_better=k == "masked_ppl"))
         rows.append(row)
     print(table(["world", "transformer", "facts / param"] + [METRICS[k][2] for k in PAIRED], rows))
     print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better, the interval excludes 0; "
           "~: the interval holds 0 (not reproduced). PPL: lower is better, so a negative gap favours EaE.\n")
+    print_ablations(groups)
     if figure:
         draw(setting, gaps, figure)
+
+
+def paired_gap(a: dict, ka: str, b: dict, kb: str) -> tuple[float, float, int] | None:
+    """(mean, 95% half-width, seeds) in points of a[ka] − b[kb] over the seeds both have."""
+    x = dict(zip(a["seeds"], a[ka]))
+    y = dict(zip(b["seeds"], b[kb]))
+    diffs = [x[s] - y[s] for s in x if s in y and x[s] is not None and y[s] is not None]
+    if not diffs:
+        return None
+    mean, _, half = mean_ci(diffs)
+    scale = 1 if ka == "masked_ppl" else 100
+    return mean * scale, half * scale, len(diffs)
+
+
+def gap_cell(gap, lower_is_better: bool = False) -> str:
+    """"+1.2 [-0.3, +2.7] ✓" (✓: the first better, the interval excludes 0; ✗: the second)."""
+    if gap is None:
+        return "–"
+    mean, half, n = gap
+    if math.isnan(half):
+        return f"{mean:+.1f} (n=1)"
+    better = -1 if lower_is_better else 1
+    verdict = " ✓" if better * mean - half > 0 else " ✗" if better * mean + half < 0 else " ~"
+    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]{verdict} (seeds={n})"
+
+
+def print_ablations(groups: dict) -> None:
+    """EaE against its ablations, paired by seed: EaE − EaE-unsup (no entity-linking
+    supervision of the memory, Table 2) on every shared metric, and ABLATIONS within EaE."""
+    settings = sorted({(w, z) for (w, z, v) in groups if v == "eae"})
+    rows = []
+    for w, z in settings:
+        eae, unsup = groups[(w, z, "eae")], groups.get((w, z, "eae_unsup"))
+        if unsup:
+            rows.append([world_label(w), z] + [gap_cell(paired_gap(eae, k, unsup, k), k == "masked_ppl") for k in PAIRED])
+    if rows:
+        print("### EaE − EaE-unsup, paired by seed: mean gap [95% t-interval] (points)\n")
+        print(table(["world", "transformer"] + [METRICS[k][2] for k in PAIRED], rows) + "\n")
+    for label, pairs in ABLATIONS:
+        rows = []
+        for w, z in settings:
+            eae = groups[(w, z, "eae")]
+            cells = [gap_cell(paired_gap(eae, a, eae, b)) for a, b in pairs]
+            if any(c != "–" for c in cells):
+                rows.append([world_label(w), z] + cells)
+        if rows:
+            print(f"### EaE, {label}: mean gap [95% t-interval] (points)\n")
+            print(table(["world", "transformer"] + [f"{METRICS[a][2]} − {METRICS[b][2]}" for a, b in pairs], rows) + "\n")
 
 
 def draw(setting: dict, gaps: dict, path: Path) -> None:

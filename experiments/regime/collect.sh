@@ -8,5 +8,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
 out=$(realpath -m "${1:?usage: collect.sh OUT.tar.xz}")
 mkdir -p "$(dirname "$out")"
-tar -C "$STUDY" --exclude='*/artifacts' -cf - mlruns | xz -T0 > "$out"
+# every store without its artifacts (models, checkpoints), except the QA runs' predictions
+# (predictions/test.jsonl: accuracy by answer frequency, Figure 3)
+(cd "$STUDY" && find mlruns -type f \( ! -path '*/artifacts/*' -o -path '*/artifacts/predictions/test.jsonl' \) -print0) |
+  tar -C "$STUDY" --null -T - -cf - | xz -T0 > "$out"
 say "$(du -h "$out" | cut -f1) $out ($(ls "$STUDY/mlruns" | wc -l) cell stores)"

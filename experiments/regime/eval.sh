@@ -6,6 +6,7 @@
 #   (EaE)            the same probes with the memory's output zeroed (eval.memory_off)
 #   eae eval masked  masked hyperlink prediction on the held-out test articles (Table 2),
 #                    5 maskings pooled
+#   (EaE) eae eval topk   the same with the memory reading only the top K entities ($TOPK, Table 7)
 # Skips what is done.   experiments/regime/eval.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -24,6 +25,11 @@ while read -r w z v s cell; do
       eae eval lama --model "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" $(task_resources) \
         --set eval.stated_in="$(data_dir "$w")" --set eval.max_per_relation="$PROBES" --set eval.memory_off=true \
         --set eval.run_name="lama-off-$cell" > "$STUDY/logs/lama-off-$cell.log" 2>&1
+    # shellcheck disable=SC2046
+    [ "$v" = no_eae ] || [ "$v" = mm ] || [ -z "$TOPK" ] || grep -q "^MLflow run:" "$STUDY/logs/topk-$cell.log" 2>/dev/null ||
+      eae eval topk --model "$STUDY/models/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
+        --set eval.ks="$TOPK" --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.run_name="topk-$cell" \
+        > "$STUDY/logs/topk-$cell.log" 2>&1
     # shellcheck disable=SC2046
     grep -q "^MLflow run:" "$STUDY/logs/masked-$cell.log" 2>/dev/null ||
       eae eval masked --model "$STUDY/models/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \

@@ -20,6 +20,7 @@ BATCH=${BATCH:-512}                   # contexts per step
 LR=${LR:-1e-3}                        # Adam, 5% warmup then linear decay (the paper's shape)
 QA_STEPS=${QA_STEPS:-2000}; QA_BATCH=${QA_BATCH:-128}; QA_LR=${QA_LR:-1e-3}
 PROBES=${PROBES:-1000}                # synthetic probes kept per relation (eae eval lama)
+TOPK=${TOPK-"1,10,100,all"}           # EaE: the memory's K at inference for eae eval topk (empty: skip)
 DEVICE=${DEVICE:-$(command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 && echo gpu || echo cpu)}
 # train.time_budget_s of each pretraining launch (unset: none); a paused cell continues when
 # pretrain.sh runs again

@@ -374,7 +374,9 @@ def _need_cuda() -> None:
 
 
 def run_step(args: argparse.Namespace) -> int:
-    impls = args.impl or (["triton"] if torch.cuda.is_available() else ["chunked"])
+    # no --impl on a GPU: the config's own memory_impl ("auto"), the figure a user's pretraining
+    # gets; on a CPU chunked, since auto's dense path would hold [mentions, entities] logits
+    impls = args.impl or (["auto"] if torch.cuda.is_available() else ["chunked"])
     return _write(bench_step(args.preset, args.batch, args.steps, impls, args.set, args.sharded,
                              not args.no_bert, args.compile), args.json)
 

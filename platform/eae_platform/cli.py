@@ -406,8 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--preset", default="paper")
     st.add_argument("--batch", type=int, default=256)
     st.add_argument("--steps", type=int, default=10)
-    st.add_argument("--impl", action="append", help="memory_impl to time, repeatable (default: triton on CUDA, "
-                    "else chunked)")
+    st.add_argument("--impl", action="append", help="memory_impl to time, repeatable (default: the config's own, auto, "
+                    "on CUDA, else chunked)")
     st.add_argument("--sharded", action="store_true", help="also EaE with the sharded table (one worker)")
     st.add_argument("--no-bert", action="store_true", help="skip the BERT baseline")
     st.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",

@@ -249,3 +249,32 @@ def test_qa_em_is_broken_down_by_what_pretraining_read_beside_the_prior(synth_pr
         top[ex.meta["relation"]][ex.answers[0]] += 1
     prior_hits = [top[ex.meta["relation"]].most_common(1)[0][0] in ex.answers for ex in test]
     assert m["test/prior_em"] == sum(prior_hits) / len(test)
+
+
+def test_qa_memory_off_em_equals_the_model_with_its_memory_output_zeroed(synth_pretrained):
+    """finetune.memory_off_eval: the test EM it logs is the EM of the same model with W_b
+    zeroed, it differs from the model's own predictions, and the model gets its memory back."""
+    from eae_model.checkpoint import load_model
+    from eae_platform.evaluate.probes import stated_subjects
+    from eae_platform.finetune.qa import memory_off_em
+
+    tmp, _, _ = synth_pretrained
+    config = load_finetune_config(None, [], init=str(tmp / "model"), data=f"synth:{tmp / 'world'}")
+    init, cpu = resolve_init(config.init), torch.device("cpu")
+    model = load_init_model(init, cpu)
+    task = QATask(config, init.vocab_dir, model.config.max_length)
+    own, own_rows = task.evaluate(model, "test", cpu)
+    stated = stated_subjects(str(tmp / "data"))
+    off = memory_off_em(model, task, cpu, stated, config.init)
+
+    zeroed = load_model(init.model_dir)
+    with torch.no_grad():
+        zeroed.entity_memory.project_value.weight.zero_()
+    reference, reference_rows = task.evaluate(zeroed, "test", cpu)
+    assert off["test/em_memory_off"] == reference["em"]
+    groups = task.breakdown("test", reference_rows, stated)
+    assert off["test/em_stated_memory_off"] == groups["test/em_stated"]
+    assert off["test/em_unstated_memory_off"] == groups["test/em_unstated"]
+    assert [r["top_k"] for r in reference_rows] != [r["top_k"] for r in own_rows]  # the memory reaches the scores
+    again, _ = task.evaluate(model, "test", cpu)  # the hook is gone
+    assert again["em"] == own["em"]

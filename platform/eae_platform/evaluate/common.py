@@ -30,14 +30,14 @@ def load(spec: str, mlflow_uri: str | None, dev: torch.device | None = None,
     return model, init.vocab_dir
 
 
-def silence_memory(model: EaEModel, name: str = "the model") -> None:
+def silence_memory(model: EaEModel, name: str = "the model") -> torch.utils.hooks.RemovableHandle:
     """Zero EaE's memory output: W_b E_m becomes 0, so X3 = LayerNorm(X1) at every position. The
     retrieval still runs (its reads and EL scores are unchanged); only what it adds to the
     sequence is gone. An ablation for evaluation, not a model variant (the layers after the
-    memory were trained with its output)."""
+    memory were trained with its output). Returns the hook's handle: `.remove()` gives the output back."""
     if model.entity_memory is None:
         raise ValueError(f"eval.memory_off: {name} has no entity memory (model.use_entity_memory=false)")
-    model.entity_memory.project_value.register_forward_hook(lambda module, args, out: torch.zeros_like(out))
+    return model.entity_memory.project_value.register_forward_hook(lambda module, args, out: torch.zeros_like(out))
 
 
 def tracker(config: EvalConfig, extra_tags: dict | None = None, model_config=None):

@@ -46,6 +46,9 @@ class FinetuneConfig:
     # synth:DIR only: the `eae data build` directory pretraining read; EM is also reported for
     # questions whose fact pretraining read (`<split>/em_stated`) and the others (`_unstated`)
     stated_in: str | None = None
+    # EaE: test is evaluated a second time with the memory's output zeroed (eval.memory_off's
+    # ablation), logged as `test/em_memory_off` (and `_stated`/`_unstated` with stated_in)
+    memory_off_eval: bool = False
     seed: int = 0
     log_every: int = 10
     experiment: str = "eae-qa"

@@ -265,12 +265,13 @@ def test_qa_memory_off_em_equals_the_model_with_its_memory_output_zeroed(synth_p
     task = QATask(config, init.vocab_dir, model.config.max_length)
     own, own_rows = task.evaluate(model, "test", cpu)
     stated = stated_subjects(str(tmp / "data"))
-    off = memory_off_em(model, task, cpu, stated, config.init)
+    off, off_rows = memory_off_em(model, task, cpu, stated, config.init)
 
     zeroed = load_model(init.model_dir)
     with torch.no_grad():
         zeroed.entity_memory.project_value.weight.zero_()
     reference, reference_rows = task.evaluate(zeroed, "test", cpu)
+    assert [r["top_k"] for r in off_rows] == [r["top_k"] for r in reference_rows]
     assert off["test/em_memory_off"] == reference["em"]
     groups = task.breakdown("test", reference_rows, stated)
     assert off["test/em_stated_memory_off"] == groups["test/em_stated"]

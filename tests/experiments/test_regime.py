@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,10 +44,21 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
     assert "| 300, facts stated 2x | small |" in out and "396,544" in out and "100 x 16" in out
     rows = [line for line in out.splitlines() if line.startswith("| 300, facts stated 2x | small | ")]
-    assert len(rows) == 4  # settings, one row per model, the gap
-    eae_row = next(r for r in rows if "| eae |" in r).rstrip(" |").split(" | ")
-    assert all(float(x) >= 0 for x in eae_row[-2:])  # EaE's memory reads: the subject, the answer
-    assert next(r for r in rows if "| no_eae |" in r).rstrip(" |").split(" | ")[-2:] == ["–", "–"]
+    # settings, one row per model, the gap, EaE against its memory output zeroed and against K
+    assert len(rows) == 6, out
+    head = next(line for line in out.splitlines() if line.startswith("| world | transformer | model |"))
+    columns = head.strip(" |").split(" | ")
+    eae = dict(zip(columns, next(r for r in rows if "| eae |" in r).strip(" |").split(" | ")))
+    no_eae = dict(zip(columns, next(r for r in rows if "| no_eae |" in r).strip(" |").split(" | ")))
+    eae_only = ["EaE memory reads the subject", "EaE memory reads the answer", "EaE fact recall, memory output zeroed",
+                "EaE QA test EM, memory output zeroed", "EaE masked entity acc, K=1", "EaE masked entity acc, K=all"]
+    assert all(float(eae[c]) >= 0 for c in eae_only), eae  # one seed: a bare figure
+    assert all(no_eae[c] == "–" for c in eae_only), no_eae
+    assert "### EaE, memory output zeroed at evaluation" in out and "### EaE, K at inference" in out
+    with tarfile.open(archive) as tar:  # the QA runs' predictions travel for accuracy by answer frequency
+        kept = [n for n in tar.getnames() if "/artifacts/" in n]
+    assert kept and all(n.endswith("/artifacts/predictions/test.jsonl") for n in kept), kept
+    assert len(kept) == 2
     gap = out.split("### EaE − No-EaE")[1]
     assert "| 300, facts stated 2x | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
     assert (tmp_path / "regime.svg").stat().st_size > 1000

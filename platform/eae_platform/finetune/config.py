@@ -48,7 +48,7 @@ class FinetuneConfig:
     stated_in: str | None = None
     # EaE: test is evaluated a second time with the memory's output zeroed (eval.memory_off's
     # ablation), logged as `test/em_memory_off` (and `_stated`/`_unstated` with stated_in)
-    memory_off_eval: bool = False
+    memory_off_eval: bool = False  # (its predictions: predictions/test_memory_off.jsonl)
     seed: int = 0
     log_every: int = 10
     experiment: str = "eae-qa"

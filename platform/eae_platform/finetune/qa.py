@@ -288,7 +288,8 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
         metrics.update({"test/em": test["em"], "test/oracle": test["oracle"],
                         **task.breakdown("test", predictions["test"], stated)})
         if config.memory_off_eval:
-            metrics.update(memory_off_em(model, task, device, stated, config.init))
+            off, predictions["test_memory_off"] = memory_off_em(model, task, device, stated, config.init)
+            metrics.update(off)
     tracker.log_metrics(metrics, step=steps)
     with tempfile.TemporaryDirectory() as tmp:
         for split, rows in predictions.items():
@@ -314,10 +315,12 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
     return summary
 
 
-def memory_off_em(model: EaEModel, task: QATask, device: torch.device, stated, name: str) -> dict[str, float]:
+def memory_off_em(model: EaEModel, task: QATask, device: torch.device, stated, name: str,
+                  ) -> tuple[dict[str, float], list[dict]]:
     """Test EM with EaE's memory output zeroed (evaluate.common.silence_memory) for as long as
-    this evaluation runs: `test/em_memory_off`, and with `stated` `test/em_stated_memory_off` and
-    `test/em_unstated_memory_off`. What the fine-tuned model's answers owe to what it retrieves."""
+    this evaluation runs: ({`test/em_memory_off`, and with `stated` `test/em_stated_memory_off` and
+    `test/em_unstated_memory_off`}, predictions). What the fine-tuned model's answers owe to what
+    it retrieves."""
     from eae_platform.evaluate.common import silence_memory
 
     handle = silence_memory(model, name)
@@ -326,7 +329,7 @@ def memory_off_em(model: EaEModel, task: QATask, device: torch.device, stated, n
     finally:
         handle.remove()
     groups = {k: v for k, v in task.breakdown("test", predictions, stated).items() if k.startswith("test/em_")}
-    return {f"{k}_memory_off": v for k, v in {"test/em": off["em"], **groups}.items()}
+    return {f"{k}_memory_off": v for k, v in {"test/em": off["em"], **groups}.items()}, predictions
 
 
 def register_qa_model(tracker, config: FinetuneConfig, model_dir: Path, step: int) -> dict:

@@ -17,13 +17,14 @@ Single figures carry a 95% Wilson interval over their questions or probes.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
 import statistics
 import tarfile
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -201,6 +202,10 @@ def read_cells(path: Path) -> dict[str, dict[str, dict]]:
         for r in sorted(client.search_runs(experiments), key=lambda r: r.info.start_time):
             runs[r.info.run_name] = {"metrics": dict(r.data.metrics), "params": dict(r.data.params),
                                      "status": r.info.status}
+            # (the store's own copy: the artifact URI names the machine that wrote it)
+            kept = store / r.info.experiment_id / r.info.run_id / "artifacts" / "predictions" / "test.jsonl"
+            if kept.is_file():  # a QA run's per-question predictions (collect.sh keeps them)
+                runs[r.info.run_name]["predictions"] = [json.loads(line) for line in kept.read_text().splitlines() if line]
         cells[store.name] = runs
     return cells
 
@@ -278,6 +283,54 @@ def summarize(cells: dict) -> tuple[dict, dict]:
                                 "table": int(params["model.num_entities"]) * int(params["model.entity_dim"]),
                                 "steps": int(params["train.max_steps"]), "batch": int(params["train.batch_size"])}
     return groups, setting
+
+
+def print_answer_frequency(cells: dict, data_dirs: dict[str, Path]) -> None:
+    """QA test EM by the answer entity's frequency in the pretraining text (paper Figure 3):
+    per world with its `eae data build` directory, per model, mean over the seeds whose QA
+    predictions were kept, and EaE − No-EaE paired by seed per bucket."""
+    from eae_platform.evaluate.analysis import FREQUENCY_BINS, bin_label, bucket, entity_frequencies
+
+    for world, data_dir in data_dirs.items():
+        frequencies = entity_frequencies(data_dir)
+        per = defaultdict(lambda: defaultdict(dict))  # (size, variant) -> bucket -> seed -> EM
+        counts = defaultdict(Counter)
+        for cell, runs in cells.items():
+            m = CELL.match(cell)
+            rows = runs.get(f"qa-{cell}", {}).get("predictions")
+            if f"{m['world']}" + (f"r{m['renderings']}" if m["renderings"] else "") != world or not rows:
+                continue
+            hits = defaultdict(list)
+            for r in rows:
+                b = bucket(frequencies.get(r["answer_id"], 0), FREQUENCY_BINS) if r.get("answer_id") is not None else None
+                if b:
+                    hits[b].append(bool(r["correct"]))
+            for b, flags in hits.items():
+                per[(m["size"], m["variant"])][b][int(m["seed"])] = sum(flags) / len(flags)
+                counts[(m["size"], m["variant"])][b] = len(flags)
+        if not per:
+            continue
+        labels = [bin_label(lo, hi) for lo, hi in FREQUENCY_BINS]
+        print(f"### QA test EM by the answer's linked mentions in the pretraining text (Figure 3), world {world}: "
+              "mean over seeds; EaE − No-EaE paired by seed [95% t-interval]\n")
+        rows = []
+        for size in sorted({z for z, _ in per}):
+            for b in labels:
+                got = {v: per[(z, v)].get(b) for z, v in per if z == size}
+                if not any(got.values()):
+                    continue
+                row = [size, b, f"{max(counts[(size, v)][b] for v in got):,}"]
+                for v in ("eae", "no_eae", "eae_unsup"):
+                    xs = list((got.get(v) or {}).values())
+                    row.append(f"{100 * statistics.fmean(xs):.1f} (seeds={len(xs)})" if xs else "–")
+                gap = None
+                if got.get("eae") and got.get("no_eae"):
+                    gap = paired_gap({"seeds": list(got["eae"]), "f": list(got["eae"].values())}, "f",
+                                     {"seeds": list(got["no_eae"]), "f": list(got["no_eae"].values())}, "f")
+                row.append(gap_cell(gap))
+                rows.append(row)
+        print(table(["transformer", "answer's mentions", "questions per seed", "EaE", "No-EaE", "EaE-unsup",
+                     "EaE − No-EaE"], rows) + "\n")
 
 
 def print_tables(cells: dict, figure: Path | None) -> None:
@@ -376,6 +429,16 @@ def print_ablations(groups: dict) -> None:
     if rows:
         print("### EaE − EaE-unsup, paired by seed: mean gap [95% t-interval] (points)\n")
         print(table(["world", "transformer"] + [METRICS[k][2] for k in PAIRED], rows) + "\n")
+    cross = [("memory_off_recall", "recall_stated"), ("memory_off_qa_em", "qa_em"), ("memory_off_qa_em_stated", "qa_em_stated")]
+    rows = []
+    for w, z in settings:
+        no = groups.get((w, z, "no_eae"))
+        cells = [gap_cell(paired_gap(groups[(w, z, "eae")], a, no, b)) for a, b in cross] if no else []
+        if any(c != "–" for c in cells):
+            rows.append([world_label(w), z] + cells)
+    if rows:  # what is left of EaE's edge without what its memory adds at inference
+        print("### EaE with its memory output zeroed at evaluation − No-EaE, paired by seed: mean gap [95% t-interval] (points)\n")
+        print(table(["world", "transformer"] + [METRICS[b][2] for _, b in cross], rows) + "\n")
     for label, pairs in ABLATIONS:
         rows = []
         for w, z in settings:
@@ -427,6 +490,9 @@ def main() -> None:
     parser.add_argument("stores", nargs="+", type=Path, help="regime: collect.sh archives (.tar.xz) or directories "
                         "of cell stores; reproduction: mlflow.db [wiki mlflow.db]")
     parser.add_argument("--figure", type=Path, help="regime: write the gap-vs-regime figure here (.svg or .png)")
+    parser.add_argument("--answer-frequency", action="append", default=[], metavar="WORLD=DATA_DIR",
+                        help="regime: QA EM by answer frequency for WORLD (e.g. 5000r4) from its `eae data build` "
+                        "directory (experiments/regime/data.sh rebuilds it: the worlds are seeded), repeatable")
     args = parser.parse_args()
     if all(p.suffix == ".db" for p in args.stores):
         synth = MlflowClient(f"sqlite:///{args.stores[0]}")
@@ -440,6 +506,9 @@ def main() -> None:
     for path in args.stores:
         cells.update(read_cells(path))
     print_tables(cells, args.figure)
+    if any("=" not in a for a in args.answer_frequency):
+        parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
+    print_answer_frequency(cells, {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ session's `synth_pretrained` (tests/conftest.py)."""
 import csv
 import io
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -279,3 +284,43 @@ def test_qa_memory_off_em_equals_the_model_with_its_memory_output_zeroed(synth_p
     assert [r["top_k"] for r in reference_rows] != [r["top_k"] for r in own_rows]  # the memory reaches the scores
     again, _ = task.evaluate(model, "test", cpu)  # the hook is gone
     assert again["em"] == own["em"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_sweep_ends_its_runs_killed(synth_pretrained, ray_cluster, tmp_path, sig):
+    """`eae tune` stopped while its trials train, by Ctrl-C (SIGINT) or by `ray job stop`/kill
+    (SIGTERM, which Ray's driver turns into sys.exit): the sweep's MLflow run and every trial
+    run it started end KILLED, none stays RUNNING."""
+    tmp, _, _ = synth_pretrained
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    space = _space(tmp, tmp_path, uri, """
+sweep: {{name: stopped, max_concurrent: 2, cpus_per_trial: 0.5, storage_path: "{storage}"}}
+finetune: {{init: "{init}", data: "synth:{world}", max_steps: 100000, log_every: 5, mlflow_uri: "{uri}"}}
+grid: {{lr: [1.0e-3, 3.0e-4]}}
+""")
+    job = subprocess.Popen([sys.executable, "-m", "eae_platform.cli", "tune", "--space", str(space),
+                            "--address", ray_cluster.get_runtime_context().gcs_address],
+                           cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+
+    def trial_runs():
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("eae-qa") if (tmp_path / "mlflow.db").exists() else None
+        if exp is None:
+            return []
+        return [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+
+    while not any("train/loss" in r.data.metrics for r in trial_runs()) and job.poll() is None:
+        assert time.time() < deadline, "no trial logged a training loss"
+        time.sleep(1)
+    assert job.poll() is None, job.communicate()[0][-3000:]
+    job.send_signal(sig)
+    out, _ = job.communicate(timeout=180)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("eae-qa").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("eae.task") == "qa-sweep"]
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert parent.info.run_name == "stopped" and parent.info.status == "KILLED", out[-3000:]
+    assert trials and all(r.info.status == "KILLED" for r in trials), [(r.info.run_name, r.info.status) for r in trials]
+    assert job.returncode != 0

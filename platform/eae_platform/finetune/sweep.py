@@ -192,8 +192,10 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
         except (KeyboardInterrupt, SystemExit):  # SIGTERM: Ray's driver exits at once
             _end_orphans(parent, "KILLED")
             raise
-        # Ctrl-C: Tune stops the trials (killing their processes) and saves its state
-        interrupted = results.num_terminated + results.num_errors < len(results)
+        # Ctrl-C: Tune catches it, stops the trials (killing their processes), saves its state and
+        # returns; a trial it stopped has no error and never reported done (its status may read
+        # TERMINATED all the same, so the status counts cannot tell)
+        interrupted = any(r.error is None and not (r.metrics or {}).get("done") for r in results)
         _end_orphans(parent, "KILLED" if interrupted else "FAILED")
         if interrupted:
             raise KeyboardInterrupt(f"sweep {s.name} interrupted: continue it with --resume")

@@ -290,7 +290,8 @@ def test_qa_memory_off_em_equals_the_model_with_its_memory_output_zeroed(synth_p
 def test_a_stopped_sweep_ends_its_runs_killed(synth_pretrained, ray_cluster, tmp_path, sig):
     """`eae tune` stopped while its trials train, by Ctrl-C (SIGINT) or by `ray job stop`/kill
     (SIGTERM, which Ray's driver turns into sys.exit): the sweep's MLflow run and every trial
-    run it started end KILLED, none stays RUNNING."""
+    run it started end KILLED, none stays RUNNING; its log has a line per trial event and none
+    of Tune's status tables."""
     tmp, _, _ = synth_pretrained
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     space = _space(tmp, tmp_path, uri, """
@@ -324,3 +325,5 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     assert parent.info.run_name == "stopped" and parent.info.status == "KILLED", out[-3000:]
     assert trials and all(r.info.status == "KILLED" for r in trials), [(r.info.run_name, r.info.status) for r in trials]
     assert job.returncode != 0
+    # the log: a line per trial event, not Tune's status tables (those come with --verbose)
+    assert ": started" in out and "Trial status" not in out and "Configuration for experiment" not in out, out[-3000:]

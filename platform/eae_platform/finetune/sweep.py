@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import yaml
 
 from eae_model.config import parse_override
 from eae_platform.finetune.config import FinetuneConfig, absolute_paths, finetune_config_from
+from eae_platform.progress import verbose
 
 SEARCHES = ("grid", "optuna-grid", "optuna-tpe")
 METRIC = "dev/em"  # what trials report to Tune, named as in MLflow
@@ -183,9 +185,14 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
             param_space=param_space,
             tune_config=tune.TuneConfig(metric=METRIC, mode="max", search_alg=search_alg, num_samples=num_samples,
                                         max_concurrent_trials=s.max_concurrent),
-            run_config=tune.RunConfig(name=s.name, storage_path=str(root), verbose=1,
+            # Tune's own status tables and banners only with --verbose; by default a line per
+            # trial event from _trial_lines (the trials' output stays in Ray's log files)
+            run_config=tune.RunConfig(name=s.name, storage_path=str(root), verbose=1 if verbose() else 0,
+                                      callbacks=[] if verbose() else [_trial_lines(list(space.grid))],
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
         )
+    if not verbose():  # Tune's new output engine prints its tables even at verbose=0; its
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # legacy one honours it (Ray's switch)
     with parent:  # an exception ends the sweep's run FAILED, an interrupt or SIGTERM KILLED
         try:
             results = tuner.fit()
@@ -200,6 +207,33 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
         if interrupted:
             raise KeyboardInterrupt(f"sweep {s.name} interrupted: continue it with --resume")
         return _select(space, results, parent, mlflow_uri, root)
+
+
+def _trial_lines(grid_keys: list[str]):
+    """A Tune callback that prints one line per trial event on the driver: started (with its
+    grid values), each report (step, dev EM), finished, failed."""
+    from ray import tune
+
+    class TrialLines(tune.Callback):
+        def _name(self, trial) -> str:
+            values = ", ".join(f"{k}={trial.config.get(k)}" for k in grid_keys)
+            return f"trial {trial.trial_id} ({values})"
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            print(f"{self._name(trial)}: started", flush=True)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            em = result.get(METRIC)
+            print(f"{self._name(trial)}: step {result.get('step')}"
+                  + (f", dev EM {100 * em:.1f}" if em is not None else ""), flush=True)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            print(f"{self._name(trial)}: finished", flush=True)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            print(f"{self._name(trial)}: failed (the sweep's summary gives the error)", flush=True)
+
+    return TrialLines()
 
 
 def _end_orphans(parent, status: str) -> None:

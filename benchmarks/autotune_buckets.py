@@ -1,6 +1,6 @@
 """At which steps of an `eae pretrain` run the memory's Triton kernels autotune again.
 
-The kernels are tuned once per power-of-two bucket of their query count (`triton_kernels.m_key`):
+The kernels are tuned once per power-of-two bucket of their query count (`kernels.common.m_key`):
 the mentions of every worker's batch for the memory call (the sharded table scores them all),
 the linked ones for EntityPred's. The first batch that falls in a new bucket times every config
 again, seconds in the middle of a run (a 15 s stall at step 38 of a 300-step H100 run,
@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eae_model.triton_kernels import m_key
+from eae_model.kernels.common import m_key
 from eae_platform.pretrain.data import COLUMNS, collate, files_for_rank, shard_files
 
 

@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from eae_model.config import load_config
-from eae_platform.bench import _eae_step, make_batch
+from eae_platform.bench import eae_step, make_batch
 from eae_platform.pretrain.profiling import gpu_busy
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     device = torch.device("cuda")
     config = load_config("paper", overrides=["memory_impl=triton"])
     ids, labels, mentions = make_batch(256, config.max_length, config.num_entities, config.vocab_size, device)
-    step, _ = _eae_step(config, ids, labels, mentions, device, sharded=False, compile=not args.no_compile)
+    step, _ = eae_step(config, ids, labels, mentions, device, sharded=False, compile=not args.no_compile)
     for _ in range(4):
         step()
     torch.cuda.synchronize()

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eae_data.constants import NULL_ENTITY
-from eae_model.fused_memory import IMPLS, block_attention, linking_loss_from_lse, resolve_impl
+from eae_model.kernels.fused_memory import IMPLS, block_attention, linking_loss_from_lse, resolve_impl
 
 
 @dataclass
@@ -68,8 +68,8 @@ class EntityTable(nn.Module):
     impl: how attend computes the softmax over all N entities. "dense" materialises the
     [M, N] logits (returned, for inspection); "chunked" (PyTorch, any device) and "triton"
     (fused GPU kernels) work over blocks of chunk_rows rows and never hold the [M, N] matrix
-    (eae_model.fused_memory); the results are equal up to float rounding. "auto": triton on
-    CUDA tensors, dense elsewhere (fused_memory.resolve_impl), decided at each call.
+    (eae_model.kernels.fused_memory); the results are equal up to float rounding. "auto":
+    triton on CUDA tensors, dense elsewhere (fused_memory.resolve_impl), decided at each call.
     """
 
     def __init__(self, num_entities: int, dim: int, trainable: bool = True, impl: str = "dense", chunk_rows: int = 65536):
@@ -120,6 +120,6 @@ class EntityTable(nn.Module):
         k = min(k, self.num_entities)
         if resolve_impl(self.impl, h) == "dense":
             return (h @ self.weight.T).topk(k, dim=-1)
-        from eae_model.exact_topk import chunked_top_k
+        from eae_model.kernels.exact_topk import chunked_top_k
 
         return chunked_top_k(h, self.weight, k, self.chunk_rows)

@@ -80,7 +80,7 @@ def synth_pretrained(ray_cluster, tmp_path_factory):
 # --- a real MLflow server on PostgreSQL ----------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -91,7 +91,7 @@ class MlflowServer:
 
     def __init__(self, backend_uri: str, workdir: Path):
         self.backend_uri, self.workdir = backend_uri, workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "server.log"
         self.proc: subprocess.Popen | None = None

@@ -110,7 +110,7 @@ def eae_flops(c: EaEConfig, tokens: int, length: int, mentions: int, masked_toke
 # ----------------------------------------------------------------------------- step
 
 
-def _eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, compile: str | None):
+def eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, compile: str | None):
     from eae_platform.pretrain.loop import compile_modules, cuda_graph_marker
 
     torch.manual_seed(0)
@@ -196,7 +196,7 @@ def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides:
             flops = bert_flops(base, tokens, base.max_length)
         else:
             config = load_config(preset, overrides=overrides + [f"memory_impl={impl}"])
-            step, keep = _eae_step(config, ids, labels, mentions, device, is_sharded, compile)
+            step, keep = eae_step(config, ids, labels, mentions, device, is_sharded, compile)
             flops = eae_flops(config, tokens, config.max_length, M, masked, linked)
         seconds, mem = timed(step, steps, device)
         del step, keep
@@ -230,7 +230,7 @@ def bench_memory(mentions: int, entities: int, dim: int, reps: int = 10) -> dict
     """The full-softmax memory (retrieval + lse, forward + backward) at one size: naive dense
     (fp32 logits), chunked PyTorch and the Triton kernels; and the Triton kernels' error
     against a float32 chunked reference on the same bf16 inputs, forward and backward."""
-    from eae_model.fused_memory import block_attention, chunked_backward, chunked_forward
+    from eae_model.kernels.fused_memory import block_attention, chunked_backward, chunked_forward
 
     device = torch.device("cuda")
     g = torch.Generator(device=device).manual_seed(0)
@@ -241,7 +241,7 @@ def bench_memory(mentions: int, entities: int, dim: int, reps: int = 10) -> dict
 
     # Exactness: Triton (bf16 inputs, fp32 accumulation) vs chunked in fp32 on the same bf16 values.
     Hb, Eb = h.detach().bfloat16(), E.detach().bfloat16()
-    from eae_model.triton_kernels import memory_backward, memory_forward
+    from eae_model.kernels.triton_memory import memory_backward, memory_forward
 
     R_ref, lse_ref = chunked_forward(Hb.float(), Eb.float(), True, 65536)
     R_t, lse_t = memory_forward(Hb, Eb, True)
@@ -296,9 +296,9 @@ def bench_topk(queries: int, entities: int, dim: int, k: int, check: int, reps: 
     fused pass (the Hopper kernel where the GPU is one) and, as the same run's baseline, with
     the Triton pass; recall of each against a float32 brute force on `check` queries, and
     where tile_top_k's time goes."""
-    from eae_model.exact_topk import STATS, chunked_top_k, error_bound, tile_top_k
-    from eae_model.hopper_kernels import supported
-    from eae_model.topk_kernels import rescore_top_k, select_tiles, tile_top2
+    from eae_model.kernels.exact_topk import STATS, chunked_top_k, error_bound, tile_top_k
+    from eae_model.kernels.hopper_topk import supported
+    from eae_model.kernels.triton_topk import rescore_top_k, select_tiles, tile_top2
 
     device = torch.device("cuda")
     g = torch.Generator(device=device).manual_seed(0)
@@ -396,7 +396,7 @@ def run_topk(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- scaling
 
 
-def _measure_steps(rank: int, world: int, device, preset: str, batch: int, steps: int, overrides: list[str],
+def measure_steps(rank: int, world: int, device, preset: str, batch: int, steps: int, overrides: list[str],
                    compile: str | None = None, mentions: float = 4.4):
     """On every worker of an initialised process group: time pretraining steps (the loop's
     model, sharded table and gradient sync; compile: the stacks compiled as the job does on
@@ -475,7 +475,7 @@ def _scaling_worker(rank: int, world: int, preset: str, batch: int, steps: int, 
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
     try:
-        stats = _measure_steps(rank, world, device, preset, batch, steps, overrides, **options)
+        stats = measure_steps(rank, world, device, preset, batch, steps, overrides, **options)
         if rank == 0:
             out.put(stats)
     finally:
@@ -487,7 +487,7 @@ def _ray_train_worker(config: dict) -> None:
     import ray.train.torch
 
     ctx = ray.train.get_context()
-    stats = _measure_steps(ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(),
+    stats = measure_steps(ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(),
                            config["preset"], config["batch"], config["steps"], config["overrides"], **config["options"])
     if ctx.get_world_rank() == 0:  # Ray Train V2 keeps metrics only with checkpoints: a file
         with open(config["out"], "w") as f:

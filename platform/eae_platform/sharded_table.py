@@ -110,9 +110,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from eae_data.constants import NULL_ENTITY as UNLINKED
-from eae_model import fused_memory
 from eae_model.entity_table import TableOutput
-from eae_model.fused_memory import block_backward, block_forward, cast_rows, compute_dtype
+from eae_model.kernels import fused_memory
+from eae_model.kernels.fused_memory import block_backward, block_forward, cast_rows, compute_dtype
 from eae_platform.pretrain.profiling import span
 
 
@@ -620,11 +620,11 @@ class ShardedEntityTable(nn.Module):
         if plan.retrieve in self._pretune_seen or not _fused_forward(plan, M):
             return
         self._pretune_seen.add(plan.retrieve)
-        from eae_model import triton_kernels
+        from eae_model.kernels import triton_memory
 
         E = cast_rows(self.weight, plan.fused)  # the parameter's cached cast, which the call then reuses
-        for bucket in triton_kernels.pretune_buckets(M, self.pretune_margin):
-            triton_kernels.pretune(E, bucket, plan.retrieve)
+        for bucket in triton_memory.pretune_buckets(M, self.pretune_margin):
+            triton_memory.pretune(E, bucket, plan.retrieve)
             self.pretuned.add((plan.retrieve, bucket))
 
     @torch.no_grad()

@@ -4,9 +4,10 @@ equals the brute-force reference, including where its shortcut does not apply.""
 import pytest
 import torch
 
-from eae_model.exact_topk import STATS, chunked_top_k, error_bound, tile_top_k
-from eae_model.fused_memory import triton_interpreted
-from eae_model.topk_kernels import KEY_ERROR, TILE_ROWS, key_scores, select_tiles, tile_top2
+from eae_model.kernels.common import TILE_ROWS
+from eae_model.kernels.exact_topk import STATS, chunked_top_k, error_bound, tile_top_k
+from eae_model.kernels.fused_memory import triton_interpreted
+from eae_model.kernels.triton_topk import KEY_ERROR, key_scores, select_tiles, tile_top2
 
 if not triton_interpreted() and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is off and there is no GPU", allow_module_level=True)

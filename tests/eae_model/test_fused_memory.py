@@ -6,8 +6,8 @@ import torch
 from eae_data.constants import NULL_ENTITY
 from eae_model.config import load_config
 from eae_model.entity_table import EntityTable, entity_attention, linking_loss
-from eae_model.exact_topk import chunked_top_k
-from eae_model.fused_memory import block_attention, cast_rows, chunked_backward, chunked_forward
+from eae_model.kernels.exact_topk import chunked_top_k
+from eae_model.kernels.fused_memory import block_attention, cast_rows, chunked_backward, chunked_forward
 from eae_model.mentions import Mentions
 from eae_model.model import EaEModel
 
@@ -232,7 +232,7 @@ def test_bad_impl_is_a_clear_error(monkeypatch):
 def test_auto_is_triton_on_cuda_tensors_and_dense_elsewhere():
     """memory_impl=auto (the default): the fused kernels where they run fast (CUDA), the dense
     logits on CPUs, even when Triton's interpreter could run the kernels there (CI)."""
-    from eae_model.fused_memory import resolve_impl
+    from eae_model.kernels.fused_memory import resolve_impl
     from eae_platform.sharded_table import ShardedEntityTable
 
     cpu = torch.zeros(2, 4)

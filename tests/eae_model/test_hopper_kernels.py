@@ -1,4 +1,4 @@
-"""The Hopper top-k pass (eae_model.hopper_kernels), without a GPU: Gluon has no interpreter,
+"""The Hopper top-k pass (eae_model.kernels.hopper_topk), without a GPU: Gluon has no interpreter,
 so it is compiled for sm_90 here (Triton's own ptxas and cuobjdump) and its machine code is
 checked for the schedule the kernel is written for. Its results are checked against the Triton
 pass on a Hopper GPU (tests/gpu/test_hopper_topk.py, run by scripts/gpu/kernels)."""
@@ -14,8 +14,8 @@ import pytest
 import torch
 import triton
 
-from eae_model import hopper_kernels as hk
-from eae_model.topk_kernels import tile_top2
+from eae_model.kernels import hopper_topk as hk
+from eae_model.kernels.triton_topk import tile_top2
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,9 +27,10 @@ import json, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
-from eae_model import hopper_kernels as hk
+from eae_model.kernels import hopper_topk as hk
+from eae_model.kernels.common import TILE_ROWS
 x = torch.zeros(1024, 256, dtype=torch.bfloat16)
-sig = {"h_desc": mangle_type(hk.descriptor(x, hk.BLOCK_M // 2)), "e_desc": mangle_type(hk.descriptor(x, hk.TILE_ROWS)),
+sig = {"h_desc": mangle_type(hk.descriptor(x, hk.BLOCK_M // 2)), "e_desc": mangle_type(hk.descriptor(x, TILE_ROWS)),
        "TMAX": "*fp32", "TARG": "*i32", "TSEC": "*fp32", "M": "i32", "N": "i32", "NT": "i32", "ROWS": "i32",
        "MODE": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
 src = GluonASTSource(hk._tile_top2_kernel, sig, constexprs={"MODE": 2, "STAGES": hk.STAGES, "num_warps": 4})

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from eae_data.constants import NULL_ENTITY
-from eae_model import triton_kernels
 from eae_model.config import load_config
 from eae_model.entity_table import EntityTable
-from eae_model.fused_memory import chunked_backward, chunked_forward, triton_interpreted
+from eae_model.kernels import common, triton_memory
+from eae_model.kernels.fused_memory import chunked_backward, chunked_forward, triton_interpreted
+from eae_model.kernels.triton_memory import memory_backward, memory_forward
 from eae_model.mentions import Mentions
 from eae_model.model import EaEModel
-from eae_model.triton_kernels import memory_backward, memory_forward
 from eae_platform.sharded_table import ShardedEntityTable
 from tests.eae_platform import test_sharded_table as sharded
 
@@ -52,7 +52,7 @@ def _inputs(M, N, d, seed=0):
 
 def test_the_kernels_run_where_conftest_says():
     # TRITON_INTERPRET must have been set before triton was imported, or the kernels are compiled.
-    assert triton_kernels.INTERPRET == INTERPRETED
+    assert common.INTERPRET == INTERPRETED
 
 
 @pytest.mark.parametrize("retrieve", [True, False])
@@ -122,13 +122,13 @@ def _targets(M, N, g):
 
 
 class _Calls:
-    """Counts the kernel launches through eae_model.triton_kernels (block_forward and
+    """Counts the kernel launches through eae_model.kernels.triton_memory (block_forward and
     block_backward import them at each call): proof that a path ran the kernels."""
 
     def __init__(self, monkeypatch):
         self.n = {"forward": 0, "backward": 0}
         for name, fn in (("forward", memory_forward), ("backward", memory_backward)):
-            monkeypatch.setattr(triton_kernels, f"memory_{name}", self._counting(name, fn))
+            monkeypatch.setattr(triton_memory, f"memory_{name}", self._counting(name, fn))
 
     def _counting(self, name, fn):
         def wrapped(*args, **kwargs):
@@ -240,11 +240,11 @@ def test_sharded_table_one_worker_with_triton(monkeypatch, case):
 def test_autotuning_key_buckets_mention_counts():
     """Mention counts change every step: the kernels' autotuning key (and the split of E that
     is part of it) must not, within a power of two, or every step would re-time every config."""
-    assert triton_kernels.m_key(0) == triton_kernels.m_key(16) == 16
-    assert triton_kernels.m_key(1000) == triton_kernels.m_key(1024) == 1024 < triton_kernels.m_key(1025)
+    assert common.m_key(0) == common.m_key(16) == 16
+    assert common.m_key(1000) == common.m_key(1024) == 1024 < common.m_key(1025)
     cpu = torch.device("cpu")
-    assert {triton_kernels._splits(m, 1_000_000, cpu) for m in (1025, 1126, 1800, 2048)} == {
-        triton_kernels._splits(2048, 1_000_000, cpu)}
+    assert {triton_memory._splits(m, 1_000_000, cpu) for m in (1025, 1126, 1800, 2048)} == {
+        triton_memory._splits(2048, 1_000_000, cpu)}
 
 
 @pytest.mark.parametrize(("M", "margin", "buckets"), [
@@ -259,7 +259,7 @@ def test_autotuning_key_buckets_mention_counts():
     (0, 0.25, []),
 ])
 def test_pretune_buckets_are_the_neighbours_a_count_may_reach(M, margin, buckets):
-    assert triton_kernels.pretune_buckets(M, margin) == buckets
+    assert triton_memory.pretune_buckets(M, margin) == buckets
 
 
 @pytest.mark.parametrize("retrieve", [True, False])
@@ -269,7 +269,7 @@ def test_pretune_runs_the_kernels_and_changes_nothing(monkeypatch, retrieve):
     E = torch.randn(77, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     before, rng = E.clone(), torch.get_rng_state()
     calls = _Calls(monkeypatch)
-    triton_kernels.pretune(E, 40, retrieve)
+    triton_memory.pretune(E, 40, retrieve)
     assert calls.n == {"forward": 1, "backward": 1}
     assert torch.equal(E, before) and torch.equal(torch.get_rng_state(), rng)
 

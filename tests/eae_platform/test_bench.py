@@ -66,10 +66,10 @@ def test_make_batch_has_the_asked_mentions_per_context():
 def _scaling_steps(rank: int, world: int) -> list:
     import torch
 
-    from eae_platform.bench import _measure_steps
+    from eae_platform.bench import measure_steps
 
     torch.set_num_threads(1)
-    return _measure_steps(rank, world, torch.device("cpu"), "tiny", 4, 2, ["memory_impl=chunked"], mentions=6.0)
+    return measure_steps(rank, world, torch.device("cpu"), "tiny", 4, 2, ["memory_impl=chunked"], mentions=6.0)
 
 
 def test_scaling_steps_time_the_exchanges_and_the_all_reduce_wait(tmp_path):

@@ -18,7 +18,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from eae_platform import tracking
-from tests.conftest import _free_port
+from tests.conftest import free_port
 from eae_platform.tracking import (
     PARAM_TRUNCATED,
     Tracker,
@@ -294,7 +294,7 @@ def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
 def test_store_unreachable_from_the_start(tmp_path, capsys):
     """No store at all: a new run cannot be created (TrackingUnavailable, before training
     starts); a resumed run goes on offline and its close writes everything to the unsent file."""
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
         Tracker("eae-nowhere", uri=dead, spool_dir=tmp_path)

@@ -5,9 +5,9 @@ bf16 table with it is exact."""
 import pytest
 import torch
 
-from eae_model import hopper_kernels as hk
-from eae_model.exact_topk import STATS, chunked_top_k, tile_top_k
-from eae_model.topk_kernels import KEY_ERROR, key_scores, tile_top2
+from eae_model.kernels import hopper_topk as hk
+from eae_model.kernels.exact_topk import STATS, chunked_top_k, tile_top_k
+from eae_model.kernels.triton_topk import KEY_ERROR, key_scores, tile_top2
 
 if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
     pytest.skip("needs a Hopper GPU", allow_module_level=True)

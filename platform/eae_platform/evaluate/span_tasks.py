@@ -65,7 +65,7 @@ def collate(examples: list[Example], device: torch.device) -> tuple[torch.Tensor
 def train(classifier: PositionClassifier, examples: list[Example], loss_fn, config, device: torch.device, log=None) -> None:
     """config.steps Adam steps of config.batch_size examples, lr config.lr with the paper's
     warmup and linear decay; log(metrics, step) every 50 steps."""
-    from eae_platform.finetune.qa import _batches
+    from eae_platform.finetune.qa import index_batches
     from eae_platform.pretrain.loop import lr_lambda
 
     if not examples:
@@ -74,7 +74,7 @@ def train(classifier: PositionClassifier, examples: list[Example], loss_fn, conf
     params = [p for p in classifier.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.steps, 0.05))
-    batches = _batches(len(examples), config.batch_size, config.seed)
+    batches = index_batches(len(examples), config.batch_size, config.seed)
     classifier.train()
     window = 0.0
     for step in range(1, config.steps + 1):

@@ -190,7 +190,7 @@ def load_init_model(init: InitModel, device: torch.device) -> EaEModel:
     return model
 
 
-def _batches(n: int, batch_size: int, seed: int):
+def index_batches(n: int, batch_size: int, seed: int):
     """Endless index batches: a fresh permutation each epoch (seeded by seed and epoch); when
     there are fewer questions than batch_size, each batch is all of them."""
     epoch = 0
@@ -243,7 +243,7 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(steps, config.warmup_fraction))
     train = task.encoded["train"]
-    batches = _batches(len(train), config.batch_size, config.seed)
+    batches = index_batches(len(train), config.batch_size, config.seed)
     metrics: dict[str, float] = {}
     window, window_steps, start = {}, 0, time.perf_counter()
     model.train()

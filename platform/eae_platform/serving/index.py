@@ -2,7 +2,7 @@
 
 kinds:
   flat   exact search: IndexFlatIP, on a GPU when faiss-gpu is installed and a GPU is visible;
-         else, with a GPU, eae_model.exact_topk.tile_top_k (backend "triton": the fused Triton
+         else, with a GPU, eae_model.kernels.exact_topk.tile_top_k (backend "triton": the fused Triton
          pass, no faiss-gpu needed; float32 rows, so IEEE float32 dots: IndexFlatIP's top-k)
   ivf    approximate: an inverted file of `nlist` k-means cells, `nprobe` of them searched
   hnsw   approximate: a graph of `hnsw_m` neighbours per node, `ef_search` candidates per query
@@ -55,7 +55,7 @@ def _triton_device(config: IndexConfig):
     """Where the triton backend runs, or None where it does not apply: asked for, it needs a
     GPU (or Triton's interpreter, CPU tests); by default it serves a flat index on a GPU when
     faiss-gpu is absent and use_gpu is not false."""
-    from eae_model.fused_memory import triton_interpreted
+    from eae_model.kernels.fused_memory import triton_interpreted
 
     if config.backend == "triton":
         if torch.cuda.is_available():
@@ -74,7 +74,7 @@ def _triton_device(config: IndexConfig):
 
 class TritonFlatIndex:
     """IndexFlatIP's interface (ntotal, add, search) over float32 rows kept on the device,
-    searched exactly by eae_model.exact_topk.tile_top_k."""
+    searched exactly by eae_model.kernels.exact_topk.tile_top_k."""
 
     def __init__(self, rows: np.ndarray, device):
         self.device = device
@@ -96,7 +96,7 @@ class TritonFlatIndex:
         self._grow(new)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        from eae_model.exact_topk import tile_top_k
+        from eae_model.kernels.exact_topk import tile_top_k
 
         q = torch.from_numpy(queries).to(self.device)
         scores, ids = tile_top_k(q, self.rows, k, row_norm_max=self.norm_max)

@@ -13,7 +13,7 @@ dH = -delta o R, so the forward computes R anyway and the backward skips the dH 
 matmul in the forward for two in the backward). These two functions,
 `block_forward` and `block_backward`, are the whole interface: `impl="chunked"` runs them in
 plain PyTorch (any device, the reference the tests compare against), `impl="triton"` runs the
-fused GPU kernels of eae_model.triton_kernels with the same signature. The sharded table
+fused GPU kernels of eae_model.kernels.triton_memory with the same signature. The sharded table
 (eae_platform.sharded_table) calls the same pair for its local rows.
 """
 
@@ -110,7 +110,7 @@ def chunked_backward(
 
 def block_forward(H, E, retrieve: bool, impl: str, chunk_rows: int = 65536):
     if impl == "triton":
-        from eae_model.triton_kernels import memory_forward
+        from eae_model.kernels.triton_memory import memory_forward
 
         return memory_forward(H, E, retrieve)
     return chunked_forward(H, E, retrieve, chunk_rows)
@@ -121,7 +121,7 @@ def block_backward(H, E, dO, lse, delta, impl: str, chunk_rows: int = 65536, R=N
     into: a float32 [N, d] gradient that dE is added to in place (and returned as dE)."""
     need_dh = dO is not None or R is None
     if impl == "triton":
-        from eae_model.triton_kernels import memory_backward
+        from eae_model.kernels.triton_memory import memory_backward
 
         dH, dE = memory_backward(H, E, dO, lse, delta, need_dh, into)
     else:

@@ -4,7 +4,7 @@
 with the running top-k.
 
 `tile_top_k` (Triton; CUDA, or CPU under Triton's interpreter), for serving: one fused pass
-over E (eae_model.topk_kernels.tile_top2) keeps, per query and tile of 128 rows, only the
+over E (eae_model.kernels.triton_topk.tile_top2) keeps, per query and tile of 128 rows, only the
 best score, its row and the second-best score (as keys within KEY_ERROR of the scores); the
 [M, N] scores never reach memory. Then:
 
@@ -16,7 +16,7 @@ best score, its row and the second-best score (as keys within KEY_ERROR of the s
 - The candidates, the best row of every tile above tau and every row of flagged tiles, are
   rescored in float32 and their top-k is the answer.
 
-Two more Triton kernels (eae_model.topk_kernels): select_tiles finds v', the k-th largest
+Two more Triton kernels (eae_model.kernels.triton_topk): select_tiles finds v', the k-th largest
 maximum of groups of 4 tiles (k groups >= v' hold k distinct rows), by bisection on counts to
 within 2^-20 of their range below, and compacts the groups above tau and then their tiles
 above it; rescore_top_k rescores each query's candidates and keeps their top k. Nothing
@@ -56,14 +56,14 @@ def error_bound(h: torch.Tensor, E: torch.Tensor, row_norm_max: float | None = N
     d 2^-24 sum_i |q_i e_i| <= d 2^-24 |q| max_j |E_j| of the exact value, twice that if the
     tensor cores truncate instead of rounding; two such sums: d 2^-22 |q| max_j |E_j|. The
     pass's key is within KEY_ERROR |score| <= KEY_ERROR |q| max_j |E_j| of its score
-    (eae_model.topk_kernels)."""
+    (eae_model.kernels.triton_topk)."""
     if row_norm_max is None:
         row_norm_max = float(E.float().norm(dim=1).max()) if E.shape[0] else 0.0
     return h.float().norm(dim=1) * row_norm_max * _error_per_norm(h.shape[1]) + 1e-30
 
 
 def _error_per_norm(d: int) -> float:
-    from eae_model.topk_kernels import KEY_ERROR
+    from eae_model.kernels.triton_topk import KEY_ERROR
 
     return d * 2.0**-22 + KEY_ERROR
 
@@ -79,8 +79,9 @@ def tile_top_k(
     """h [M, d], E [N, d] (bf16 for speed; CUDA, or CPU under TRITON_INTERPRET=1) ->
     (scores [M, k] float32, ids [M, k] int64), sorted descending. row_norm_max: max_j |E_j|,
     if the caller keeps it (else computed, one pass over E). kernel: the pass's
-    (topk_kernels.tile_top2)."""
-    from eae_model.topk_kernels import TILE_ROWS, rescore_top_k, select_tiles, tile_top2
+    (triton_topk.tile_top2)."""
+    from eae_model.kernels.common import TILE_ROWS
+    from eae_model.kernels.triton_topk import rescore_top_k, select_tiles, tile_top2
 
     if h.dtype != E.dtype:
         raise ValueError(f"queries ({h.dtype}) and table ({E.dtype}) must have one dtype: rounding the "

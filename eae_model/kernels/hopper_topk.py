@@ -1,6 +1,6 @@
-"""The exact top-k pass (eae_model.topk_kernels.tile_top2's contract) for Hopper GPUs, in Gluon,
-Triton's lower-level dialect: warpgroup MMAs (wgmma), TMA copies and warp specialisation
-written out.
+"""The exact top-k pass (eae_model.kernels.triton_topk.tile_top2's contract) for Hopper GPUs,
+in Gluon, Triton's lower-level dialect: warpgroup MMAs (wgmma), TMA copies and warp
+specialisation written out.
 
 Why not plain Triton: the pass is a matmul whose every 128 x 128 tile of scores is reduced on
 the CUDA cores (best score, its row, second-best score). Triton's pipeliner keeps a wgmma in
@@ -11,7 +11,7 @@ Here a program owns 128 queries and one slice of the table, in three partitions 
 "ping-pong" schedule): a loader streams tiles of 128 rows of E through a ring of STAGES
 shared-memory buffers by TMA (rows past the table arrive as zeros and are masked), and two
 warpgroups of 64 queries each take turns on the tensor cores: while one reduces its tile, the
-other's wgmma runs. The reduction is over keys (topk_kernels' docstring), four operations a
+other's wgmma runs. The reduction is over keys (triton_topk's docstring), four operations a
 score. (Measured on H100s, top-100 over 1M x 256, 16,384 queries: 12.2-13.4 ms for the pass
 against 25.1-26.3 ms for the Triton kernel in the same runs; 13.9-15.1 ms with a top-2 that
 tracked the column, seven operations a score; one warpgroup pair overlapping its own next
@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
-from eae_model.topk_kernels import TILE_ROWS
+from eae_model.kernels.common import TILE_ROWS
 
 # (No `from __future__ import annotations`: the aggregate below reads its field types.)
 
@@ -111,7 +111,7 @@ def _consumer(C: gl.constexpr, q_half, bufs, full, empty, turn, q_bar, TMAX, TAR
         mbarrier.arrive(turn.index(1 - C), count=1)
         mbarrier.arrive(empty.index(b), count=1)
         # The tile's reduction (inline: a call inside a warp-specialised partition fails to
-        # compile in Triton 3.6), on keys (topk_kernels' docstring): each score with its column
+        # compile in Triton 3.6), on keys (triton_topk's docstring): each score with its column
         # in its low bits, one LOP3 a score (written as PTX: from plain Triton ptxas
         # recomputes the columns in the loop, two LOP3s). Rows past the slice (in its last tile
         # only) score -inf.
@@ -193,7 +193,7 @@ def descriptor(x: torch.Tensor, rows: int) -> TensorDescriptor:
 
 def tile_top2_into(H: torch.Tensor, E: torch.Tensor, tmax: torch.Tensor, targ: torch.Tensor, tsec: torch.Tensor,
                    splits: int, rows: int, mode: int = 2) -> None:
-    """topk_kernels.tile_top2's pass on a Hopper GPU, into its outputs [M, NT] (H [M, d] and
+    """triton_topk.tile_top2's pass on a Hopper GPU, into its outputs [M, NT] (H [M, d] and
     E [N, d] contiguous; E in `splits` slices of `rows` rows, a multiple of TILE_ROWS)."""
     M, N = H.shape[0], E.shape[0]
     _tile_top2_kernel[(triton.cdiv(M, BLOCK_M), splits)](descriptor(H, BLOCK_M // 2), descriptor(E, TILE_ROWS), tmax,

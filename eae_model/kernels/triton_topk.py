@@ -1,8 +1,8 @@
-"""Triton kernels of exact top-k search (eae_model.exact_topk.tile_top_k): the fused pass that
-keeps, per query and tile of TILE_ROWS rows of E, the best score, its row and the second-best
-score (tile_top2; on Hopper GPUs eae_model.hopper_kernels' version of it), the selection of the
-tiles to read from those (select_tiles), and the float32 rescoring of the candidates with their
-top k (rescore_top_k).
+"""Triton kernels of exact top-k search (eae_model.kernels.exact_topk.tile_top_k): the fused
+pass that keeps, per query and tile of TILE_ROWS rows of E, the best score, its row and the
+second-best score (tile_top2; on Hopper GPUs eae_model.kernels.hopper_topk's version of it),
+the selection of the tiles to read from those (select_tiles), and the float32 rescoring of the
+candidates with their top k (rescore_top_k).
 
 The pass reduces keys, not scores: a score's float32 bits with the low log2(TILE_ROWS) = 7
 cleared and its column in the tile put there. A key is within 127 units in the last place of
@@ -21,9 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from eae_model.triton_kernels import INTERPRET, _check, _multiprocessors, _tuned, m_key
+from eae_model.kernels.common import INTERPRET, TILE_ROWS, check, m_key, multiprocessors, tuned
 
-TILE_ROWS = 128  # rows of E per tile: the pass keeps each query's best row and second-best score per tile
 KEY_ERROR = 2.0**-16  # |key - score| < KEY_ERROR |score| (7 low bits of 23 replaced)
 
 
@@ -46,7 +45,7 @@ _TILE_CONFIGS = [
 ]
 
 
-_TILE_CONFIGS = _tuned(_TILE_CONFIGS, _TILE_CONFIGS[-1])  # the interpreter's: RESIDENT, any d <= 256
+_TILE_CONFIGS = tuned(_TILE_CONFIGS, _TILE_CONFIGS[-1])  # the interpreter's: RESIDENT, any d <= 256
 
 
 def _prune_tile_configs(configs, named_args, **kwargs):
@@ -122,7 +121,7 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2, kernel: str = "au
     its row id [M, NT] int32, second-best key [M, NT] fp32), NT = ceil(N / TILE_ROWS); keys:
     the module docstring (key_scores clears their column bits).
     mode < 2: see _tile_epilogue (benchmarks only; the missing outputs are left unwritten).
-    kernel: "auto" (eae_model.hopper_kernels' pass on a Hopper GPU where it applies, else this
+    kernel: "auto" (eae_model.kernels.hopper_topk's pass on a Hopper GPU where it applies, else this
     module's), "hopper" (that one, or an error) or "triton".
     (Measured on an H100: storing [NT, M], each tile's store contiguous, made the pass 2%
     faster but the top-k over tiles 50% slower.)"""
@@ -130,13 +129,13 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2, kernel: str = "au
         raise ValueError(f"kernel must be auto, hopper or triton, got {kernel!r}")
     hopper = None
     if kernel != "triton" and not INTERPRET:
-        from eae_model import hopper_kernels
+        from eae_model.kernels import hopper_topk
 
-        hopper = hopper_kernels if hopper_kernels.supported(H, E) else None
+        hopper = hopper_topk if hopper_topk.supported(H, E) else None
     if kernel == "hopper" and hopper is None:
         raise ValueError("the Hopper pass needs a Hopper GPU, bf16 or fp16 tensors and d <= 256, a multiple of 16")
     if hopper is None:
-        _check(H, E)
+        check(H, E)
     M, N = H.shape[0], E.shape[0]
     NT = triton.cdiv(N, TILE_ROWS)
     tmax = torch.empty(M, NT, device=H.device, dtype=torch.float32)
@@ -161,7 +160,7 @@ def tile_top2(H: torch.Tensor, E: torch.Tensor, mode: int = 2, kernel: str = "au
 def _slices(N: int, NT: int, blocks: int, per_sm: int, device: torch.device) -> tuple[int, int]:
     """(slices of E side by side, rows per slice: a multiple of 256, so of TILE_ROWS) for about
     per_sm programs per SM over `blocks` query blocks."""
-    splits = max(1, min(math.ceil(per_sm * _multiprocessors(device) / blocks), NT))
+    splits = max(1, min(math.ceil(per_sm * multiprocessors(device) / blocks), NT))
     rows = math.ceil(N / splits / 256) * 256
     return math.ceil(N / rows), rows
 

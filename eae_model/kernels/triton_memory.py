@@ -1,6 +1,5 @@
 """Triton kernels for the entity table on GPUs: the fused full-softmax memory (forward and
-recompute backward, the interface of eae_model.fused_memory.block_forward/block_backward) and
-the helpers the top-k kernels (eae_model.topk_kernels) share.
+recompute backward, the interface of eae_model.kernels.fused_memory.block_forward/block_backward).
 
 Shapes are the paper's: few queries (M ~ 1k mentions per step) against many rows (N = 1M),
 d = 256. So the work is split over N, flash-decoding style: a program owns BLOCK_M queries and
@@ -8,9 +7,10 @@ one slice of the rows, keeps a running max, sum and weighted sum for its slice, 
 are merged in PyTorch (a few MB). Programs that share a slice of E are launched next to each
 other (queries vary fastest) so E is read from HBM about once per pass.
 
-Imported only when memory_impl=triton or the top-k kernels are used: needs triton and CUDA, or,
-for the memory kernels, Triton's interpreter (TRITON_INTERPRET=1 before triton is imported), which
-runs them on CPU tensors with numpy: how the CPU tests check them (tests/eae_model/test_triton_kernels.py).
+Imported only when memory_impl=triton is used: needs triton and CUDA, or Triton's interpreter
+(TRITON_INTERPRET=1 before triton is imported), which runs them on CPU tensors with numpy: how
+the CPU tests check them (tests/eae_model/test_triton_kernels.py). The interpreter's switch and
+the helpers the kernels share with the top-k kernels: eae_model.kernels.common.
 """
 
 from __future__ import annotations
@@ -21,48 +21,17 @@ import torch
 import triton
 import triton.language as tl
 
+from eae_model.kernels.common import check, m_key, multiprocessors, tuned
+
 LOG2E = 1.4426950408889634
 _LOG2E = tl.constexpr(LOG2E)  # kernels may only read constexpr globals
-
-# Triton's interpreter (fixed when triton is imported, as the @triton.jit below read it): the
-# kernels run on CPU tensors, one program after another.
-INTERPRET = bool(triton.knobs.runtime.interpret)
-
-
-def _interpreter_numpy_fix() -> None:
-    """Triton 3.6's interpreter turns a scalar into a Python int (a loop bound, as in
-    `range(start, end, BLOCK_N)`) with int() of a 1-element array, which NumPy 2.4 refuses
-    (triton-lang/triton#9171, fixed after 3.6 by #9172): the fix, on the interpreter's
-    per-launch patch of tl.tensor."""
-    from triton.runtime import interpreter
-
-    patch = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch is None or getattr(patch, "_eae_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    patched._eae_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
-if INTERPRET:
-    _interpreter_numpy_fix()
-
-
-def _tuned(configs: list, interpreted: triton.Config) -> list:
-    """The autotuner's configs; under the interpreter only `interpreted` (one of them): with
-    more than one config the autotuner would run every config to time it, in numpy."""
-    return [interpreted] if INTERPRET else configs
 
 
 _SPLIT_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
     for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3)]
 ]
-_SPLIT_CONFIGS = _tuned(_SPLIT_CONFIGS, _SPLIT_CONFIGS[0])
+_SPLIT_CONFIGS = tuned(_SPLIT_CONFIGS, _SPLIT_CONFIGS[0])
 
 
 @triton.autotune(configs=_SPLIT_CONFIGS, key=["M_KEY", "D", "RETRIEVE", "ROWS"], reset_to_zero=[])
@@ -137,7 +106,7 @@ _ROW_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
     for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 3)]
 ]
-_ROW_CONFIGS = _tuned(_ROW_CONFIGS, _ROW_CONFIGS[-1])
+_ROW_CONFIGS = tuned(_ROW_CONFIGS, _ROW_CONFIGS[-1])
 
 
 # restore_value: with ACCUMULATE the kernel adds into DE, and autotuning runs it once per config.
@@ -175,34 +144,10 @@ def _grad_e_kernel(
     tl.store(DE + offs_n[:, None] * D + offs_d[None, :], de.to(DE.dtype.element_ty), mask=row_ok[:, None])
 
 
-def _check(H: torch.Tensor, E: torch.Tensor) -> None:
-    if not INTERPRET and not (H.is_cuda and E.is_cuda):
-        raise ValueError("the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
-    d = H.shape[1]
-    if E.shape[1] != d or d & (d - 1) or d < 16:
-        raise ValueError(f"entity dim must be a power of two >= 16 for the Triton kernels, got {d}")
-
-
-def _multiprocessors(device: torch.device) -> int:
-    """The GPU's SM count; for CPU tensors (the interpreter) an H100's 132, so that the split
-    of E is the one an H100 runs."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
-
-
-def m_key(M: int) -> int:
-    """The autotuning key of a query count: the next power of two. Mention counts change at
-    every training step (batch sizes at every request); keyed on M itself Triton would time
-    every config again for each new count, seconds per step (seen in the first GPU runs of
-    `eae pretrain`)."""
-    return 1 << max(4, (M - 1).bit_length())
-
-
 def _splits(M: int, N: int, device: torch.device, block_m: int = 64) -> tuple[int, int]:
     """(number of slices of E, rows per slice): about 4 programs per SM in all, the same for
     every M of one m_key (a key of the autotuning too)."""
-    sms = _multiprocessors(device)
+    sms = multiprocessors(device)
     blocks = max(1, math.ceil(m_key(M) / block_m))
     splits = max(1, min(math.ceil(4 * sms / blocks), math.ceil(N / 128)))
     rows = math.ceil(N / splits / 128) * 128  # a multiple of every BLOCK_N
@@ -217,7 +162,7 @@ def _precision(E: torch.Tensor) -> str:
 
 def memory_forward(H: torch.Tensor, E: torch.Tensor, retrieve: bool):
     """block_forward on the GPU: H [M, d], E [N, d] (bf16/fp16/fp32) -> (R [M, d] fp32 | None, lse [M] fp32)."""
-    _check(H, E)
+    check(H, E)
     M, D = H.shape
     N = E.shape[0]
     if M == 0:  # a batch without mentions: nothing to launch
@@ -240,7 +185,7 @@ def memory_forward(H: torch.Tensor, E: torch.Tensor, retrieve: bool):
 def memory_backward(H, E, dO, lse, delta, need_dh: bool = True, into: torch.Tensor | None = None):
     """block_backward on the GPU -> (dH [M, d] fp32 or None, dE [N, d] fp32). into: a
     contiguous float32 [N, d] that dE is added to in place (and returned)."""
-    _check(H, E)
+    check(H, E)
     M, D = H.shape
     N = E.shape[0]
     if M == 0:

@@ -26,6 +26,12 @@ _FUNCTION_WORDS = frozenset(
 )
 
 
+def alias_words(text: str) -> tuple[str, ...]:
+    """The words an alias or a matched span is compared by (separators ignored):
+    `alias_words(text[s.start:s.end])` names the alias a span of `AliasMatcher.find` matched."""
+    return tuple(_WORD.findall(text))
+
+
 class AliasMatcher:
     """Find occurrences of known aliases in plain text."""
 
@@ -33,20 +39,25 @@ class AliasMatcher:
         self.max_words = max_words
         self._aliases: set[tuple[str, ...]] = set()
         for alias in aliases:
-            words = tuple(_WORD.findall(alias))
-            if not words or len(words) > max_words:
-                continue
-            if not (words[0][0].isupper() or words[0][0].isdigit()):
-                continue
-            if len(words) == 1 and (words[0] in _FUNCTION_WORDS or len(words[0]) < 2):
-                continue
-            self._aliases.add(words)
+            words = alias_words(alias)
+            if self.usable(words):
+                self._aliases.add(words)
         # first word -> the word counts of the aliases it starts, longest first: most words
         # start no alias, and are skipped with one dict lookup.
         starts: dict[str, set[int]] = {}
         for words in self._aliases:
             starts.setdefault(words[0], set()).add(len(words))
         self._lengths = {w: sorted(n, reverse=True) for w, n in starts.items()}
+
+    def usable(self, words: tuple[str, ...]) -> bool:
+        """Whether an alias of these words (`alias_words`) is matched at all: 1 to max_words
+        words, the first starting with an uppercase letter or digit, and not a lone function
+        word or single character."""
+        if not words or len(words) > self.max_words:
+            return False
+        if not (words[0][0].isupper() or words[0][0].isdigit()):
+            return False
+        return not (len(words) == 1 and (words[0] in _FUNCTION_WORDS or len(words[0]) < 2))
 
     def __len__(self) -> int:
         return len(self._aliases)

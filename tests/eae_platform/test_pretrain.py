@@ -104,17 +104,45 @@ def test_mlflow_records_the_run(uninterrupted):
     assert (local / "entities.parquet").is_file()
 
 
-def _restarted_at(tmp, name, rank=0) -> tuple[int, int]:
-    """(the first process's last step, the next process's first step) in a rank's trace."""
-    records = [json.loads(x) for x in (tmp / "ray" / name / f"examples-rank{rank}.jsonl").read_text().splitlines()]
-    first = [r["step"] for r in records if r["pid"] == records[0]["pid"]]
-    later = [r["step"] for r in records if r["pid"] != records[0]["pid"]]
-    return max(first), later[0]
+def _records(tmp, name, rank) -> list[dict]:
+    """A rank's trace records in the order written: one per step a worker process ran, with
+    that process's pid (a relaunch or a replacement appends to the same file)."""
+    trace = tmp / "ray" / name / f"examples-rank{rank}.jsonl"
+    return [json.loads(x) for x in trace.read_text().splitlines() if x.strip()] if trace.is_file() else []
+
+
+def _by_process(records: list[dict]) -> list[list[int]]:
+    """The steps each worker process ran, one list per process in the order they started."""
+    steps: dict[int, list[int]] = {}
+    for r in records:
+        steps.setdefault(r["pid"], []).append(r["step"])
+    return list(steps.values())
+
+
+def _registered_checkpoint(tmp, name) -> int | None:
+    """The step of the checkpoint a restart or relaunch of run `name` resumes: the latest one
+    Ray Train has registered (its checkpoint_manager_snapshot.json, rewritten at each
+    registration), or None. It can lag the newest checkpoint_* folder on disk: the controller
+    takes one report per worker per health check (2 s), metrics and checkpoints alike."""
+    snapshot = tmp / "ray" / name / "checkpoint_manager_snapshot.json"
+    latest = None
+    for _ in range(50):  # a read that meets a write in progress is retried
+        try:
+            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"] if snapshot.is_file() else None
+            break
+        except ValueError:
+            time.sleep(0.01)
+    if latest is None:
+        return None
+    return json.loads((snapshot.parent / latest["checkpoint_dir_name"] / "state.json").read_text())["step"]
 
 
 def _kill_rank_when(tmp, name, rank, step, sig=signal.SIGKILL):
-    """In the background: once `rank` has logged `step`, SIGKILL its worker process."""
+    """In the background: once `rank` has logged `step`, SIGKILL its worker process. Returns
+    the thread and a dict it fills at the kill: the last step the process logged, the step of
+    the checkpoint Ray Train had registered then and that of the newest one on disk."""
     trace = tmp / "ray" / name / f"examples-rank{rank}.jsonl"
+    killed = {}
 
     def watch():
         deadline = time.time() + 600
@@ -122,32 +150,50 @@ def _kill_rank_when(tmp, name, rank, step, sig=signal.SIGKILL):
             if trace.is_file():
                 records = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
                 if records and records[-1]["step"] >= step:
+                    newest = job.last_checkpoint_state(str(tmp / "ray"), name)
+                    killed.update(step=records[-1]["step"], checkpoint=_registered_checkpoint(tmp, name),
+                                  on_disk=newest[1]["step"] if newest else None)
                     os.kill(records[-1]["pid"], sig)
                     return
             time.sleep(0.2)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
-    return thread
+    return thread, killed
 
 
 def test_killed_run_resumes_with_exactly_the_same_examples(wiki, uninterrupted, tmp_path):
+    """A run whose worker is SIGKILLed (max_failures 0) ends FAILED; relaunched with the same
+    name, its new workers start at the step of the killed run's checkpoint that Ray Train
+    resumes (not at step 0: the trace lines the relaunch wrote are read apart from the killed
+    run's), continue the same MLflow run, and end with the uninterrupted run's examples and
+    weights."""
     plain_tmp, _, plain = uninterrupted
     config = _config(wiki, tmp_path, "killed", out=str(tmp_path / "model"), register_as="")
-    watcher = _kill_rank_when(tmp_path, "killed", rank=1, step=9)
+    watcher, killed = _kill_rank_when(tmp_path, "killed", rank=1, step=9)
     with pytest.raises(Exception):
         run(config)  # max_failures = 0: the run dies with its worker
     watcher.join(timeout=5)
-    assert max(s for _, s in _trace(tmp_path, "killed")) < STEPS - 1  # it really stopped early
+    assert killed["step"] >= 9 and max(s for _, s in _trace(tmp_path, "killed")) < STEPS - 1  # it really stopped early
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (failed,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
     assert failed.info.status == "FAILED"  # not left RUNNING by the killed workers
+    # the checkpoint the relaunch resumes: the killed run's latest that Ray Train registered,
+    # one past step 0 (which a relaunch that ignored it would redo)
+    checkpoint = _registered_checkpoint(tmp_path, "killed")
+    assert checkpoint is not None and 0 < checkpoint <= killed["step"] + 1, (checkpoint, killed)
+    before = {rank: _records(tmp_path, "killed", rank) for rank in (0, 1)}
     resumed = run(_config(wiki, tmp_path, "killed", out=str(tmp_path / "model"), register_as=""))  # relaunch, same name
     assert resumed["mlflow_run_id"] == failed.info.run_id  # the checkpoint's MLflow run goes on, and ends well
     assert client.get_run(failed.info.run_id).info.status == "FINISHED"
-    # the relaunch starts at a checkpoint (every 4 steps) the killed run wrote, not at step 0
-    last, restart = _restarted_at(tmp_path, "killed")
-    assert 0 < restart <= last + 1 and restart % 4 == 0
+    for rank in (0, 1):
+        # the relaunch's own records, after the killed run's: new processes that start at the
+        # checkpoint's step, not at step 0, and run each step after it once
+        records = _records(tmp_path, "killed", rank)
+        assert records[: len(before[rank])] == before[rank]
+        relaunched = records[len(before[rank]):]
+        assert {r["pid"] for r in relaunched}.isdisjoint(r["pid"] for r in before[rank])
+        assert [r["step"] for r in relaunched] == list(range(checkpoint, STEPS)), (rank, checkpoint)
     assert _trace(tmp_path, "killed") == _trace(plain_tmp, "plain")
     # same examples, same masks, same RNG: the same model as the uninterrupted run
     resumed, reference = load_model(tmp_path / "model"), load_model(plain["model"])
@@ -181,26 +227,40 @@ def test_a_run_out_of_time_pauses_and_its_relaunch_continues_from_the_pause(wiki
 
 
 def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wiki, uninterrupted, server, tmp_path):
-    """A worker killed mid-run is replaced from the last checkpoint (FailureConfig), the example
-    stream is unchanged, and the run's MLflow record on a PostgreSQL-backed server is whole."""
+    """A worker killed mid-run is replaced from the last checkpoint (FailureConfig): every
+    rank's new process starts at that checkpoint's step, not at step 0; the example stream is
+    unchanged, and the experiment on a PostgreSQL-backed server holds one run, FINISHED, with
+    every step's metrics once."""
     plain_tmp, _, _ = uninterrupted
     config = _config(wiki, tmp_path, "crash", max_failures=1, mlflow_uri=server.url, register_as="eae-pg",
                      out=str(tmp_path / "model"))
     # killed at step 10: Ray Train registers a reported checkpoint asynchronously, and a kill two
     # steps after the first one (step 6) once found none and restarted from step 0 (a CI run)
-    watcher = _kill_rank_when(tmp_path, "crash", rank=0, step=10)
+    watcher, killed = _kill_rank_when(tmp_path, "crash", rank=0, step=10)
     summary = run(config)
     watcher.join(timeout=5)
-    pids = {json.loads(x)["pid"] for x in (tmp_path / "ray" / "crash" / "examples-rank0.jsonl").read_text().splitlines()}
-    assert len(pids) == 2  # the killed worker and its replacement
-    last, restart = _restarted_at(tmp_path, "crash")  # the replacement starts at a checkpoint
-    assert 0 < restart <= last + 1 and restart % 4 == 0
+    # the checkpoint the replacement resumes: the latest Ray Train had registered at the kill,
+    # one past step 0 (which a replacement that ignored it would redo)
+    checkpoint = killed["checkpoint"]
+    assert checkpoint is not None and 0 < checkpoint <= killed["step"] + 1, killed
+    for rank in (0, 1):
+        # the killed worker group and its replacement (Ray Train restarts every worker): the
+        # replacement starts at the checkpoint's step, not at step 0, and runs each step after it once
+        processes = _by_process(_records(tmp_path, "crash", rank))
+        assert len(processes) == 2, (rank, processes)
+        first, replacement = processes
+        assert first[0] == 0 and first[-1] >= checkpoint, (rank, first)
+        assert replacement == list(range(checkpoint, STEPS)), (rank, checkpoint, replacement)
     assert summary["metrics"]["step"] == STEPS
     assert _trace(tmp_path, "crash") == _trace(plain_tmp, "plain")
     client = MlflowClient(server.url)
     r = client.get_run(summary["mlflow_run_id"])
     assert r.data.params["train.name"] == "crash"
-    assert len(client.search_runs([r.info.experiment_id], "attributes.run_name = 'crash'")) == 1
+    # the experiment holds this one run across the restart (the server's database is this module's)
+    from mlflow.entities import ViewType
+
+    everything = client.search_runs([r.info.experiment_id], run_view_type=ViewType.ALL)
+    assert [(x.info.run_id, x.info.status) for x in everything] == [(r.info.run_id, "FINISHED")]
     # one run across the restart: every step's metrics once, the last value of a redone step kept
     assert sorted({m.step for m in client.get_metric_history(r.info.run_id, "train/loss")}) == [4, 8, 12, 16]
     assert "dev/token_accuracy" in r.data.metrics

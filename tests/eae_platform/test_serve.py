@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from tests.eae_platform.chromium import Browser
@@ -160,6 +161,92 @@ def test_answer(server):
     assert scores == sorted(scores, reverse=True)
     for m in out["question_entities"]:
         assert question[m["start"]:m["end"]] == m["text"]
+
+
+def _brute_force(queries, table, k: int, retrieve_k: int = 100) -> list[tuple[list[int], list[float]]]:
+    """Per query: the ids of its k best entities by torch.topk over the dot products with every
+    row of the table, and their scores as the API defines them (softmax over the best
+    retrieve_k logits, EngineConfig.retrieve_k)."""
+    logits = queries.float() @ table.float().T  # [M, N]: every entity, no index
+    best = torch.topk(logits, min(retrieve_k, table.shape[0]), dim=-1)
+    probs = torch.softmax(best.values, -1)
+    return [(ids[:k].tolist(), p[:k].tolist()) for ids, p in zip(best.indices, probs)]
+
+
+def _queries(out):
+    """The linking queries of a forward: EntityPred's h' (the memory's h without EntityPred)."""
+    return out.entity_queries if out.entity_queries is not None else out.memory.pseudo_embeddings
+
+
+def test_served_entity_ids_equal_the_model_s_own_forward_and_exact_top_k(server):
+    """/v1/link (given spans and detected mentions) and /v1/answer, over HTTP through the
+    replicas' faiss index (the CPU path), answer the entity ids that the saved model itself
+    gives: its own forward (its own EntityTable, no faiss) on [CLS] text [SEP], then
+    torch.topk over the dot products of its queries with the whole entity table; scores are
+    the softmax over the best 100 of those. (The GPU path, eae_model's exact top-k kernel
+    behind the index, needs a GPU and is not run here.)"""
+    from eae_data.constants import MASK_TOKEN_ID
+    from eae_data.tokenizer import WordPieceTokenizer
+    from eae_model import bio
+    from eae_model.checkpoint import load_model
+    from eae_model.mentions import Mentions
+
+    # entities added through /v1/entities would be rows the saved model lacks: run this first
+    assert not (server.store / "added-entities.json").exists(), "the served table has added entities"
+    model = load_model(server.tmp / "model").eval()
+    table = model.entity_table.weight.detach()
+    tokenizer = WordPieceTokenizer()
+
+    def encode(text: str, extra: list[int] = ()):
+        enc = tokenizer.encode(text, add_special_tokens=False)
+        ids = torch.tensor([[tokenizer.cls_id, *enc.ids, *extra, tokenizer.sep_id]])
+        return ids, torch.ones_like(ids), [None, *enc.offsets, *(None for _ in extra), None]
+
+    def chars(offsets, s: int, t: int) -> tuple[int, int]:  # wordpieces s..t -> characters
+        return offsets[s][0], offsets[t][1]
+
+    def wordpieces(offsets, start: int, length: int) -> tuple[int, int]:  # characters -> wordpieces
+        covered = [i for i, o in enumerate(offsets) if o is not None and o[1] > start and o[0] < start + length]
+        return covered[0], covered[-1]
+
+    ids, mask, offsets = encode(TEXT)
+    spans = [[0, 12], [17, 15], [36, 6]]
+    with torch.no_grad():
+        given = [wordpieces(offsets, s, n) for s, n in spans]
+        out_given = model(ids, mask, mentions=Mentions.from_lists([given]))
+        out_detected = model(ids, mask)  # the BIO head's mentions
+    for body, out in (({"text": TEXT, "spans": spans, "top_k": 5}, out_given), ({"text": TEXT, "top_k": 5}, out_detected)):
+        status, served = call(server.url, "/v1/link", body)
+        assert status == 200, served
+        expected = _brute_force(_queries(out), table, 5)
+        found = out.mentions
+        assert [(m["start"], m["end"]) for m in served["mentions"]] == [
+            chars(offsets, s, t) for s, t in zip(found.starts.tolist(), found.ends.tolist())]
+        assert served["mentions"], "no mention to compare"
+        for m, (want_ids, want_scores) in zip(served["mentions"], expected):
+            assert [c["entity_id"] for c in m["candidates"]] == want_ids, (m["text"], body)
+            assert m["entity_id"] == want_ids[0]
+            assert [c["score"] for c in m["candidates"]] == pytest.approx(want_scores, rel=1e-4)
+
+    question = "Who designed the Analytical Engine?"
+    ids, mask, offsets = encode(question, [MASK_TOKEN_ID])
+    answer_at = ids.shape[1] - 2  # the [MASK] before [SEP]: the answer position
+    with torch.no_grad():
+        # the question's own mentions: the BIO head's, never on the answer position
+        allowed = model.mention_allowed(ids, mask)
+        allowed[0, answer_at] = False
+        found = bio.tags_to_mentions(bio.decode_bio(model(ids, mask).bio_logits, allowed))
+        asked = sorted([*zip(found.starts.tolist(), found.ends.tolist()), (answer_at, answer_at)])
+        out = model(ids, mask, mentions=Mentions.from_lists([asked]))
+    expected = _brute_force(_queries(out), table, 4)
+    status, served = call(server.url, "/v1/answer", {"question": question, "top_k": 4})
+    assert status == 200, served
+    want_ids, want_scores = expected[asked.index((answer_at, answer_at))]
+    assert [a["entity_id"] for a in served["answers"]] == want_ids
+    assert [a["score"] for a in served["answers"]] == pytest.approx(want_scores, rel=1e-4)
+    linked = [(s, t, ids_[0]) for (s, t), (ids_, _) in zip(asked, expected) if (s, t) != (answer_at, answer_at)]
+    assert [(m["start"], m["end"], m["entity_id"]) for m in served["question_entities"]] == [
+        (*chars(offsets, s, t), e) for s, t, e in linked]
 
 
 def test_concurrent_requests_are_batched_without_changing_answers(server):

@@ -200,9 +200,10 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
             _end_orphans(parent, "KILLED")
             raise
         # Ctrl-C: Tune catches it, stops the trials (killing their processes), saves its state and
-        # returns; a trial it stopped has no error and never reported done (its status may read
-        # TERMINATED all the same, so the status counts cannot tell)
-        interrupted = any(r.error is None and not (r.metrics or {}).get("done") for r in results)
+        # returns; a trial it stopped has no error and no final report (dev EM with the model as
+        # its checkpoint), while its status may read TERMINATED all the same
+        interrupted = any(r.error is None and (r.checkpoint is None or METRIC not in (r.metrics or {}))
+                          for r in results)
         _end_orphans(parent, "KILLED" if interrupted else "FAILED")
         if interrupted:
             raise KeyboardInterrupt(f"sweep {s.name} interrupted: continue it with --resume")

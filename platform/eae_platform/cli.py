@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -172,6 +173,10 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     from eae_platform.ray_session import connect
 
     ray = connect(args.address)
+    # SIGTERM as Ray's driver answers it (sys.exit), installed again after connecting: the core
+    # worker's failure-signal handler, which now wraps Ray's, re-raises the signal after it and
+    # can kill this driver before it has cancelled the task (its MLflow run left RUNNING)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
     cpus = args.cpus
     gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
 

@@ -181,6 +181,27 @@ COUNTS = {"recall_stated": ("lama-", "lama/synth/stated/entity_probes"),
           "recall_unstated": ("lama-", "lama/synth/unstated/entity_probes"),
           "masked_entity": ("masked-", "test/entities"), "qa_em": ("qa-", "data/test_questions"),
           "qa_em_stated": ("qa-", "test/questions_stated"), "qa_em_unstated": ("qa-", "test/questions_unstated")}
+# The real-text world (experiments/regime/settings.sh WORLDS=vital: the Vital Articles + the gensim
+# sample): its cells, and per metric (run name prefix, MLflow key, label, prior key, count key)
+REAL_CELL = re.compile(r"^wvital-(?P<size>[a-z]+)-(?P<variant>[a-z_]+)-s(?P<seed>\d+)$")
+REAL_SOURCES = ("geonames", "countryinfo", "wordnet")
+REAL = {
+    "masked_entity": ("masked-", "test/entity_accuracy", "masked entity acc (test articles)", None, "test/entities"),
+    "masked_token": ("masked-", "test/token_accuracy", "masked token acc", None, None),
+    "masked_ppl": ("masked-", "test/perplexity", "masked PPL", None, None),
+    "qa_em": ("qa-", "test/em", "fanoutqa single-hop test EM", "test/prior_em", "data/test_questions"),
+    "qa_oracle": ("qa-", "test/oracle", "fanoutqa oracle (answer is an entity of the vocabulary)", None, None),
+    **{f"lama_{src}": ("lama-", f"lama/{src}/entity_accuracy", f"{src} probes, entity acc",
+                       f"lama/{src}/prior_entity_accuracy", f"lama/{src}/entity_probes") for src in REAL_SOURCES},
+    **{f"lama_{src}_token": ("lama-", f"lama/{src}/token_accuracy", f"{src} probes, token acc",
+                             f"lama/{src}/prior_accuracy", f"lama/{src}/probes") for src in REAL_SOURCES},
+    # EaE only: what its memory's output adds at inference, and its K (Table 7)
+    "memory_off_qa_em": ("qa-", "test/em_memory_off", "EaE fanoutqa test EM, memory output zeroed", None, None),
+    **{f"memory_off_lama_{src}": ("lama-off-", f"lama/{src}/entity_accuracy",
+                                  f"EaE {src} probes, entity acc, memory output zeroed", None, None) for src in REAL_SOURCES},
+    **{f"memory_k_{k}": ("topk-", f"topk/{k}/entity_accuracy", f"EaE masked entity acc, K={k}", None, None)
+       for k in ("1", "10", "100", "all")},
+}
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -195,7 +216,7 @@ def read_cells(path: Path) -> dict[str, dict[str, dict]]:
     from mlflow.tracking import MlflowClient
 
     cells = {}
-    for store in sorted(p for p in path.iterdir() if CELL.match(p.name)):
+    for store in sorted(p for p in path.iterdir() if CELL.match(p.name) or REAL_CELL.match(p.name)):
         client = MlflowClient(tracking_uri=f"file://{store.resolve()}")
         runs = {}
         experiments = [e.experiment_id for e in client.search_experiments()]
@@ -264,6 +285,8 @@ def summarize(cells: dict) -> tuple[dict, dict]:
     setting: dict[tuple, dict] = {}
     for cell, runs in cells.items():
         m = CELL.match(cell)
+        if m is None:  # the real-text world: print_real_text
+            continue
         key = ((int(m["world"]), int(m["renderings"] or 1)), m["size"], m["variant"])
         pre = runs.get(cell)
         if pre is None or pre["status"] != "FINISHED":
@@ -283,6 +306,47 @@ def summarize(cells: dict) -> tuple[dict, dict]:
                                 "table": int(params["model.num_entities"]) * int(params["model.entity_dim"]),
                                 "steps": int(params["train.max_steps"]), "batch": int(params["train.batch_size"])}
     return groups, setting
+
+
+def print_real_text(cells: dict) -> None:
+    """The real-text world's tables: every figure per model (mean ± sd over seeds [95%
+    t-interval], prior-only baseline, probes or questions), EaE − No-EaE paired by seed, and EaE
+    against its memory output zeroed."""
+    groups: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
+    for cell, runs in cells.items():
+        m = REAL_CELL.match(cell)
+        pre = runs.get(cell)
+        if m is None or pre is None or pre["status"] != "FINISHED":
+            continue
+        g = groups[(m["size"], m["variant"])]
+        g["seeds"].append(int(m["seed"]))
+        g["steps"] = f"{int(pre['params']['train.max_steps']):,} x {pre['params']['train.batch_size']}"
+        for name, (prefix, key, _, prior, count) in REAL.items():
+            g[name].append(value(runs, cell, prefix, key))
+            if prior:
+                g[f"{name}_prior"].append(value(runs, cell, prefix, prior))
+            if count:
+                g[f"{name}_n"].append(value(runs, cell, prefix, count))
+    if not groups:
+        return
+    shared = [k for k in REAL if not k.startswith("memory_")]
+    print("## Real text: the Vital Articles + the gensim sample (world `vital`)\n")
+    print("### Every figure: mean ± sd over seeds [95% t-interval of the mean] (prior-only baseline; "
+          "questions or probes per seed)\n")
+    rows = [[z, v, str(len(g["seeds"])), g["steps"]] + [figure_cell(g, k) for k in REAL]
+            for (z, v), g in sorted(groups.items())]
+    print(table(["transformer", "model", "seeds", "steps x batch"] + [REAL[k][2] for k in REAL], rows) + "\n")
+    rows = []
+    for z in sorted({z for z, _ in groups}):
+        eae, no = groups.get((z, "eae")), groups.get((z, "no_eae"))
+        if eae and no:
+            rows.append([z, "EaE − No-EaE"] + [gap_cell(paired_gap(eae, k, no, k), k == "masked_ppl") for k in shared])
+        if eae:
+            off = {"qa_em": "memory_off_qa_em", **{f"lama_{src}": f"memory_off_lama_{src}" for src in REAL_SOURCES}}
+            rows.append([z, "EaE − EaE with its memory output zeroed"]
+                        + [gap_cell(paired_gap(eae, k, eae, off[k])) if k in off else "–" for k in shared])
+    print("### Paired by seed: mean gap [95% t-interval] (points)\n")
+    print(table(["transformer", "pair"] + [REAL[k][2] for k in shared], rows) + "\n")
 
 
 def print_answer_frequency(cells: dict, data_dirs: dict[str, Path]) -> None:
@@ -349,25 +413,7 @@ def print_tables(cells: dict, figure: Path | None) -> None:
     rows = []
     for (w, z, v), g in sorted(groups.items()):
         row = [world_label(w), z, v, str(len(g["seeds"]))]
-        for k in METRICS:
-            xs = [x for x in g[k] if x is not None]
-            if not xs:
-                row.append("–")
-                continue
-            mean, sd, half = mean_ci(xs)
-            scale, fmt = (1, "{:.1f}") if k == "masked_ppl" else (100, "{:.1f}")
-            cell = fmt.format(mean * scale)
-            if len(xs) > 1:
-                cell += f" ± {fmt.format(sd * scale)} [{fmt.format((mean - half) * scale)}, {fmt.format((mean + half) * scale)}]"
-            ns = [x for x in g.get(f"{k}_n", []) if x is not None]
-            if len(xs) == 1 and ns:  # one seed: the interval over its questions or probes
-                lo, hi = wilson(xs[0], ns[0])
-                cell += f" [{percent(lo)}, {percent(hi)}]"
-            priors = [x for x in g.get(f"{k}_prior", []) if x is not None]
-            notes = ([f"prior {percent(statistics.fmean(priors))}"] if priors else []) + ([f"n={ns[0]:,.0f}"] if ns else [])
-            if notes:
-                cell += f" ({'; '.join(notes)})"
-            row.append(cell)
+        row += [figure_cell(g, k) for k in METRICS]
         rows.append(row)
     print(table(head, rows) + "\n")
 
@@ -391,6 +437,26 @@ def print_tables(cells: dict, figure: Path | None) -> None:
     print_ablations(groups)
     if figure:
         draw(setting, gaps, figure)
+
+
+def figure_cell(g: dict, k: str) -> str:
+    """One metric of a group of seeds: "mean ± sd [95% t-interval] (prior P; n=N)"; one seed:
+    the Wilson interval over its questions or probes instead."""
+    xs = [x for x in g[k] if x is not None]
+    if not xs:
+        return "–"
+    mean, sd, half = mean_ci(xs)
+    scale = 1 if k == "masked_ppl" else 100
+    cell = f"{mean * scale:.1f}"
+    if len(xs) > 1:
+        cell += f" ± {sd * scale:.1f} [{(mean - half) * scale:.1f}, {(mean + half) * scale:.1f}]"
+    ns = [x for x in g.get(f"{k}_n", []) if x is not None]
+    if len(xs) == 1 and ns:  # one seed: the interval over its questions or probes
+        lo, hi = wilson(xs[0], ns[0])
+        cell += f" [{percent(lo)}, {percent(hi)}]"
+    priors = [x for x in g.get(f"{k}_prior", []) if x is not None]
+    notes = ([f"prior {percent(statistics.fmean(priors))}"] if priors else []) + ([f"n={ns[0]:,.0f}"] if ns else [])
+    return cell + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def paired_gap(a: dict, ka: str, b: dict, kb: str) -> tuple[float, float, int] | None:
@@ -506,6 +572,7 @@ def main() -> None:
     for path in args.stores:
         cells.update(read_cells(path))
     print_tables(cells, args.figure)
+    print_real_text(cells)
     if any("=" not in a for a in args.answer_frequency):
         parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
     print_answer_frequency(cells, {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)})

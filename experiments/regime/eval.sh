@@ -2,7 +2,8 @@
 # Stage 4 of the regime study, for every pretrained cell, side by side:
 #   eae eval lama    fact recall: a cloze probe per fact of the world ("[X] was born in
 #                    [MASK] ."), split into facts pretraining read (their article is in the
-#                    training split: eval.stated_in) and the rest, beside the prior-only baseline
+#                    training split: eval.stated_in) and the rest, beside the prior-only baseline;
+#                    for the real-text world `vital`: $REAL_PROBES (settings.sh)
 #   (EaE)            the same probes with the memory's output zeroed (eval.memory_off)
 #   eae eval masked  masked hyperlink prediction on the held-out test articles (Table 2),
 #                    5 maskings pooled
@@ -17,13 +18,12 @@ while read -r w z v s cell; do
     export MLFLOW_TRACKING_URI; MLFLOW_TRACKING_URI=$(store "$cell")
     # shellcheck disable=SC2046
     grep -q "^MLflow run:" "$STUDY/logs/lama-$cell.log" 2>/dev/null ||
-      eae eval lama --model "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" $(task_resources) \
-        --set eval.stated_in="$(data_dir "$w")" --set eval.max_per_relation="$PROBES" \
-        --set eval.run_name="lama-$cell" > "$STUDY/logs/lama-$cell.log" 2>&1
+      eae eval lama --model "$STUDY/models/$cell" --data $(probe_data "$w") $(task_resources) \
+        --set eval.max_per_relation="$PROBES" --set eval.run_name="lama-$cell" > "$STUDY/logs/lama-$cell.log" 2>&1
     # shellcheck disable=SC2046
     [ "$v" = no_eae ] || [ "$v" = mm ] || grep -q "^MLflow run:" "$STUDY/logs/lama-off-$cell.log" 2>/dev/null ||
-      eae eval lama --model "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" $(task_resources) \
-        --set eval.stated_in="$(data_dir "$w")" --set eval.max_per_relation="$PROBES" --set eval.memory_off=true \
+      eae eval lama --model "$STUDY/models/$cell" --data $(probe_data "$w") $(task_resources) \
+        --set eval.max_per_relation="$PROBES" --set eval.memory_off=true \
         --set eval.run_name="lama-off-$cell" > "$STUDY/logs/lama-off-$cell.log" 2>&1
     # shellcheck disable=SC2046
     [ "$v" = no_eae ] || [ "$v" = mm ] || [ -z "$TOPK" ] || grep -q "^MLflow run:" "$STUDY/logs/topk-$cell.log" 2>/dev/null ||
@@ -44,7 +44,7 @@ for p in "${pids[@]}"; do wait "$p" || status=1; done
 while read -r w z v s; do
   cell=$(cell_name "$w" "$z" "$v" "$s")
   [ -f "$STUDY/logs/lama-$cell.log" ] || continue
-  echo "$cell: $(grep -hE "^lama/synth/stated/entity_accuracy|^eae: error" "$STUDY/logs/lama-$cell.log" | tr -s ' ' | tail -1)" \
+  echo "$cell: $(grep -hE "^lama/(synth/stated|geonames)/entity_accuracy|^eae: error" "$STUDY/logs/lama-$cell.log" | tr -s ' ' | tail -1)" \
     "| $(grep -hE "^test/entity_accuracy|^eae: error" "$STUDY/logs/masked-$cell.log" 2>/dev/null | tr -s ' ' | tail -1)"
 done < <(cells)
 exit $status

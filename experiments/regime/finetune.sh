@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stage 3 of the regime study: closed-book QA fine-tuning of every pretrained cell on its
-# world's questions (`eae finetune qa --data synth:WORLD`: train questions for training; dev and
+# world's questions (`eae finetune qa --data synth:WORLD`, fanoutqa for the real-text world
+# `vital`: train questions for training; dev and
 # test questions are about facts never asked in training), side by side. EM is reported for all
 # test questions, for those whose fact pretraining read (finetune.stated_in) and the rest,
 # beside the prior-only baseline (the relation's most frequent training answer); for models with
@@ -14,11 +15,13 @@ while read -r w z v s cell; do
   grep -q "^MLflow run:" "$STUDY/logs/qa-$cell.log" 2>/dev/null && continue
   off=""  # a model with a memory: test again with its output zeroed (test/em_memory_off)
   case $v in eae|eae_unsup) off="--set finetune.memory_off_eval=true" ;; esac
+  stated=""  # a synthetic world: EM split by whether pretraining read the question's fact
+  is_real "$w" || stated="--set finetune.stated_in=$(data_dir "$w")"
   # shellcheck disable=SC2046,SC2086
-  MLFLOW_TRACKING_URI=$(store "$cell") eae finetune qa --init "$STUDY/models/$cell" --data "synth:$(world_dir "$w")" \
+  MLFLOW_TRACKING_URI=$(store "$cell") eae finetune qa --init "$STUDY/models/$cell" --data "$(qa_data "$w")" \
     --max-steps "$QA_STEPS" --batch-size "$QA_BATCH" --lr "$QA_LR" $(task_resources) \
     --set finetune.seed="$s" --set finetune.run_name="qa-$cell" --set finetune.experiment=regime-qa \
-    --set finetune.log_every=200 --set finetune.stated_in="$(data_dir "$w")" $off > "$STUDY/logs/qa-$cell.log" 2>&1 &
+    --set finetune.log_every=200 $stated $off > "$STUDY/logs/qa-$cell.log" 2>&1 &
   pids+=($!)
 done < <(pretrained_cells)
 say "fine-tuning ${#pids[@]} cell(s) side by side"

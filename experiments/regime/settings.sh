@@ -12,6 +12,13 @@ STUDY=$(realpath -m "${STUDY:-runs/regime}")
 # their facts 4 times (`eae data synth --renderings 4`), built with a context per paragraph
 # (`eae data build --paragraph-contexts`) so that no context holds a fact twice
 WORLDS=${WORLDS:-"5000 100000"}
+# "vital": real text instead of a synthetic world (issue 23 item 5): Wikipedia's Vital Articles'
+# lead sections linked by alias matching (`eae data vital`) built together with the gensim
+# sample dump (real hyperlinks); its QA is fanoutqa's single-hop questions, its fact probes
+# $REAL_PROBES (GeoNames, countryinfo, WordNet). SAMPLE_DUMP: the gensim sample's path (default:
+# found in the installed gensim, never imported)
+REAL_PROBES=${REAL_PROBES:-"geonames,countryinfo,wordnet"}
+SAMPLE_DUMP=${SAMPLE_DUMP:-}
 SIZES=${SIZES:-"small"}               # model presets (eae_model/config.py): small, medium
 VARIANTS=${VARIANTS:-"eae no_eae"}    # the paper's switches (variant_set below)
 SEEDS=${SEEDS:-"0 1 2"}               # training seeds (model initialisation, masks, QA order)
@@ -26,6 +33,7 @@ DEVICE=${DEVICE:-$(command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/nul
 # pretrain.sh runs again
 BUDGET_S=${BUDGET_S:-}
 EAE_CMD=${EAE_CMD:-$( [ -x .venv/bin/eae ] && echo .venv/bin/eae || echo eae )}
+PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export MLFLOW_ALLOW_FILE_STORE=true
 
 eae() { $EAE_CMD "$@"; }
@@ -48,6 +56,13 @@ world_dir() { echo "$STUDY/worlds/w$1"; }
 world_entities() { echo "${1%%r*}"; }                      # 20000r4 -> 20000
 world_renderings() { case "$1" in *r*) echo "${1##*r}" ;; *) echo 1 ;; esac; }  # 20000r4 -> 4
 data_dir() { echo "$STUDY/data/w$1"; }
+is_real() { [ "$1" = vital ]; }                            # real text, not a synthetic world
+qa_data() {  # the QA dataset spec of a world (eae finetune qa --data)
+  if is_real "$1"; then echo fanoutqa; else echo "synth:$(world_dir "$1")"; fi
+}
+probe_data() {  # the fact probes of a world (eae eval lama --data), and their split by what pretraining read
+  if is_real "$1"; then echo "$REAL_PROBES"; else echo "synth:$(world_dir "$1") --set eval.stated_in=$(data_dir "$1")"; fi
+}
 
 variant_set() {  # the paper's ablations as switches of a preset
   case "$1" in

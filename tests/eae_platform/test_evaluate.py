@@ -7,7 +7,7 @@ Open Entity, TACRED) are read from small hand-made files in those formats."""
 import dataclasses
 import json
 import shutil
-from collections import Counter
+from collections import Counter, defaultdict
 
 import pytest
 import torch
@@ -97,6 +97,15 @@ def test_lama_probes(synth_pretrained, untrained, tmp_path):
     assert ("bsdgames", "capital", "Austria", "Vienna") in facts
     assert ("countryinfo", "region", "Japan", "Asia") in facts
     assert any(p.source == "wordnet" and p.subject == "Mississippi" and p.answer == "river" for p in real.probes)
+    # real probes' prior-only baseline: the most frequent answer among the probes asked the same
+    # way (the text with its subject blanked), not per relation: a WordNet probe's relation is its answer
+    answers = defaultdict(Counter)
+    for p in real.probes:
+        answers[p.text.replace(p.subject, "[X]")][p.answer] += 1
+    assert all(answers[p.text.replace(p.subject, "[X]")][p.prior] == max(answers[p.text.replace(p.subject, "[X]")].values())
+               for p in real.probes)
+    assert {p.prior for p in real.probes if (p.source, p.relation) == ("countryinfo", "region")} == {"Africa"}
+    assert {p.prior for p in real.probes if p.source == "wordnet" and " is a " in p.text} == {"city"}
     assert expand_quiz("Andorra la V[ell|iej]a") == ["Andorra la Vella", "Andorra la Vieja"]
     assert expand_quiz("Del{aware}") == ["Del", "Delaware"]
 
@@ -308,7 +317,7 @@ def test_lama_groups_and_prior_baseline_are_counted_per_group():
     assert lama.aggregate(read)["lama/synth/memory_answer_accuracy"] == 0
     assert "lama/synth/memory_subject_accuracy" not in m  # No-EaE rows carry no memory reads
     other = [{**row("", True, None), "source": "geonames"}]
-    assert "lama/geonames/prior_accuracy" not in lama.aggregate(other)  # no prior for real probes
+    assert "lama/geonames/prior_accuracy" not in lama.aggregate(other)  # rows without a prior: no baseline
 
 
 def test_bad_typing_and_relation_data_are_clear_errors(tmp_path):

@@ -254,6 +254,12 @@ def test_qa_em_is_broken_down_by_what_pretraining_read_beside_the_prior(synth_pr
         top[ex.meta["relation"]][ex.answers[0]] += 1
     prior_hits = [top[ex.meta["relation"]].most_common(1)[0][0] in ex.answers for ex in test]
     assert m["test/prior_em"] == sum(prior_hits) / len(test)
+    # questions naming no relation (fanoutqa, TriviaQA): the most frequent training answer overall
+    for ex in task.examples["train"] + test:
+        ex.meta.pop("relation")
+    overall = collections.Counter(ex.answers[0] for ex in task.examples["train"]).most_common(1)[0][0]
+    m = task.breakdown("test", rows)
+    assert m["test/prior_em"] == sum(overall in ex.answers for ex in test) / len(test) > 0
 
 
 def test_qa_memory_off_em_equals_the_model_with_its_memory_output_zeroed(synth_pretrained):

@@ -63,3 +63,45 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     gap = out.split("### EaE − No-EaE")[1]
     assert "| 300, facts stated 2x | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
     assert (tmp_path / "regime.svg").stat().st_size > 1000
+
+
+def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, monkeypatch):
+    """print_real_text on real MLflow stores of the real-text world's cells (`wvital-...`, as
+    the stage scripts name them), with set metrics: the means, the priors and the paired gaps
+    come from the runs, and the synthetic tables ignore these cells."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    em = {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15}
+    for (variant, seed), qa_em in em.items():
+        cell = f"wvital-medium-{variant}-s{seed}"
+        client = MlflowClient(f"file://{tmp_path / 'mlruns' / cell}")
+        experiment = client.create_experiment("regime")
+        runs = {cell: ({"train.max_steps": "2000", "train.batch_size": "512"}, {}),
+                f"qa-{cell}": ({}, {"test/em": qa_em, "test/prior_em": 0.04, "data/test_questions": 100, "test/oracle": 0.17}),
+                f"masked-{cell}": ({}, {"test/entity_accuracy": 0.5, "test/perplexity": 20.0 + seed}),
+                f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2})}
+        for name, (params, metrics) in runs.items():
+            run = client.create_run(experiment, run_name=name)
+            for k, v in params.items():
+                client.log_param(run.info.run_id, k, v)
+            for k, v in metrics.items():
+                client.log_metric(run.info.run_id, k, v)
+            client.set_terminated(run.info.run_id, "FINISHED")
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "mlruns")],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr
+    out = tables.stdout.split("## Real text")[1]
+    head = next(line for line in out.splitlines() if line.startswith("| transformer | model |")).strip(" |").split(" | ")
+    eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | eae |")).strip(" |").split(" | ")))
+    assert eae["seeds"] == "2" and eae["steps x batch"] == "2,000 x 512"
+    assert eae["fanoutqa single-hop test EM"].startswith("25.0 ± 7.1 [") and "prior 4.0; n=100" in eae["fanoutqa single-hop test EM"]
+    assert eae["geonames probes, entity acc"].startswith("12.5 ") and "prior 20.0" in eae["geonames probes, entity acc"]
+    gaps = out.split("### Paired by seed")[1]
+    pair = next(r for r in gaps.splitlines() if "| EaE − No-EaE |" in r).strip(" |").split(" | ")
+    columns = next(r for r in gaps.splitlines() if r.startswith("| transformer | pair |")).strip(" |").split(" | ")
+    pair = dict(zip(columns, pair))
+    # gaps 20 and 5 points: mean 12.5, t-interval 12.706 x 7.5 = 95.3 wide each side
+    assert pair["fanoutqa single-hop test EM"] == "+12.5 [-82.8, +107.8] ~ (seeds=2)", pair
+    assert pair["masked PPL"].startswith("+0.0 ")
+    assert "| wvital" not in tables.stdout.split("## Real text")[0]  # no synthetic table row for them

@@ -14,7 +14,8 @@ reads its entity. Accuracy per relation and per source (micro), logged as
 `lama/<source>/<relation>/{token_accuracy,entity_accuracy,probes,entity_probes}`; synth probes
 with `eval.stated_in` also per group (`lama/synth/stated/...`: facts whose article pretraining
 read; `unstated`: held-out articles), beside the prior-only baseline (`prior_accuracy`,
-`prior_entity_accuracy`: always the relation's most frequent answer). For EaE, what its memory
+`prior_entity_accuracy`: always the relation's most frequent answer; for real probes, the
+most frequent answer among the probes asked the same way, `probes.set_priors`). For EaE, what its memory
 read: `memory_subject_accuracy` (the top-1 entity at the subject's mention is the subject: the
 memory found whose facts are asked) and `memory_answer_accuracy` (at the masked answer).
 """

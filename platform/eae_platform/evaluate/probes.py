@@ -143,6 +143,22 @@ def synth_probes(world_dir: str | Path, skipped: Counter, stated_in: str | Path 
     return out
 
 
+def set_priors(probes: list[Probe]) -> None:
+    """The prior-only baseline of real-data probes (no pretraining split to count facts in):
+    the most frequent answer among the probes asked the same way, i.e. with the same text once
+    the subject is blanked ("The capital of [X] is [MASK] ."; by relation where the subject is
+    unknown), before the cap; ties: the first counted. Keyed by the question's shape, not the
+    relation, because a WordNet probe's relation is its answer (the type)."""
+    def shape(p: Probe) -> str:
+        return p.text.replace(p.subject, "[X]") if p.subject else p.relation
+
+    answers: dict[str, Counter] = defaultdict(Counter)
+    for p in probes:
+        answers[shape(p)][p.answer] += 1
+    for p in probes:
+        p.prior = answers[shape(p)].most_common(1)[0][0]
+
+
 def _require(package: str) -> None:
     if importlib.util.find_spec(package) is None:
         raise FileNotFoundError(f"the probe source needs the Python package {package!r}: run scripts/bootstrap")
@@ -357,6 +373,9 @@ def load_probes(spec: str, max_per_relation: int = 200, seed: int = 0, stated_in
             raise ValueError(f"unknown probe source {kind!r}: use synth:DIR, geonames, countryinfo, wordnet, "
                              "bsdgames or lama:FILE")
         by_source[kind] += probes
+    for kind, probes in by_source.items():
+        if kind != "synth":  # synth probes have their prior from the facts pretraining read
+            set_priors(probes)
     available = Counter(p.source for kind in by_source for p in by_source[kind])
     available.update(f"{p.source}/{p.group}" for kind in by_source for p in by_source[kind] if p.group)
     probes = [p for kind in by_source for p in _cap(by_source[kind], max_per_relation, seed)]

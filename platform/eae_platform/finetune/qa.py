@@ -146,25 +146,25 @@ class QATask:
         return {"em": correct / n if n else math.nan, "oracle": self.oracle(split), "questions": n}, predictions
 
     def prior_answers(self) -> dict[str, str]:
-        """relation -> its most frequent answer among the training questions (datasets whose
-        questions name their relation: synth): the prior-only baseline's answer."""
+        """relation -> its most frequent answer among the training questions: the prior-only
+        baseline's answer. Questions that name no relation (fanoutqa, TriviaQA) share one,
+        "": the most frequent training answer overall."""
         counts: dict[str, Counter] = defaultdict(Counter)
         for ex in self.examples["train"]:
-            if ex.meta.get("relation"):
-                counts[ex.meta["relation"]][ex.answers[0]] += 1
+            counts[ex.meta.get("relation") or ""][ex.answers[0]] += 1
         return {r: c.most_common(1)[0][0] for r, c in counts.items()}
 
     def breakdown(self, split: str, predictions: list[dict], stated=None) -> dict[str, float]:
         """EM of `split` beside the prior-only baseline (`prior_em`: always the relation's most
         frequent training answer), overall and, given stated(subject_id) -> bool (which facts
         pretraining read, `probes.stated_subjects`), per group: `em_stated`, `em_unstated`,
-        with their question counts. Empty for datasets without relations."""
+        with their question counts. Empty without training questions."""
         prior = self.prior_answers()
         if not prior:
             return {}
         groups: dict[str, list[tuple[bool, bool]]] = defaultdict(list)  # group -> (correct, prior correct)
         for ex, row in zip(self.examples[split], predictions):
-            guess = prior.get(ex.meta.get("relation"))
+            guess = prior.get(ex.meta.get("relation") or "")
             hit = guess is not None and normalize_answer(guess) in {normalize_answer(a) for a in ex.answers}
             groups[""].append((row["correct"], hit))
             if stated is not None and ex.meta.get("subject_id") is not None:

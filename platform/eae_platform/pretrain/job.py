@@ -9,6 +9,7 @@ restarts the workers from the last checkpoint up to `train.max_failures` times.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -88,10 +89,22 @@ RESUMABLE_CHANGES = {"max_steps", "time_budget_s", "out", "register_as", "alias"
 
 
 def last_checkpoint_state(storage_path: str, name: str) -> tuple[Path, dict] | None:
-    """The newest checkpoint of run `name` (Ray Train's timestamped checkpoint_* directories)
-    and its state.json, or None."""
-    found = sorted(p for p in (Path(storage_path) / name).glob("checkpoint_*") if (p / "state.json").is_file())
-    return (found[-1], json.loads((found[-1] / "state.json").read_text())) if found else None
+    """The checkpoint a relaunch of run `name` resumes and its state.json, or None: the latest
+    one Ray Train registered (its checkpoint_manager_snapshot.json, rewritten at each
+    registration). Not the newest checkpoint_* folder on disk: Ray registers a checkpoint only
+    after the workers have written it and the controller has taken their reports (one per
+    health check, 2 s), so a run killed in between leaves a newer folder that Ray does not resume."""
+    run_dir = Path(storage_path) / name
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    latest = None
+    for _ in range(50):  # a read that meets Ray's rewrite of a live run's snapshot is retried
+        try:
+            latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result") if snapshot.is_file() else None
+            break
+        except ValueError:
+            time.sleep(0.01)
+    state = run_dir / latest["checkpoint_dir_name"] / "state.json" if latest else None
+    return (state.parent, json.loads(state.read_text())) if state and state.is_file() else None
 
 
 def config_changes(saved: dict, config: PretrainConfig) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 from eae_model.config import load_config
 from eae_model.model import EaEModel
 from eae_platform.bench import make_batch
-from eae_platform.sharded_table import ShardedEntityTable
+from eae_model.sharded_table import ShardedEntityTable
 
 
 def run(impl: str, sharded: bool, autocast: bool, batch):

@@ -1,7 +1,7 @@
 """The entity table E and the two things done with it: soft top-k retrieval (the memory) and
 the entity-linking loss over all entities (the memory's supervision and EntityPred).
 
-`EntityTable` holds all N rows in one process. `eae_platform.sharded_table.ShardedEntityTable`
+`EntityTable` holds all N rows in one process. `eae_model.sharded_table.ShardedEntityTable`
 has the same interface with the rows partitioned over training workers; the model works with
 either.
 """

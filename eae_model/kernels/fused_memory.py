@@ -14,7 +14,7 @@ matmul in the forward for two in the backward). These two functions,
 `block_forward` and `block_backward`, are the whole interface: `impl="chunked"` runs them in
 plain PyTorch (any device, the reference the tests compare against), `impl="triton"` runs the
 fused GPU kernels of eae_model.kernels.triton_memory with the same signature. The sharded table
-(eae_platform.sharded_table) calls the same pair for its local rows.
+(eae_model.sharded_table) calls the same pair for its local rows.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def eae_step(config: EaEConfig, ids, labels, mentions, device, sharded: bool, co
     torch.manual_seed(0)
     table = None
     if sharded:
-        from eae_platform.sharded_table import ShardedEntityTable
+        from eae_model.sharded_table import ShardedEntityTable
 
         table = ShardedEntityTable(config.num_entities, config.entity_dim, device=device,
                                    chunk_rows=config.memory_chunk_rows, memory_impl=config.memory_impl)

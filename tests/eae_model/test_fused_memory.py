@@ -233,7 +233,7 @@ def test_auto_is_triton_on_cuda_tensors_and_dense_elsewhere():
     """memory_impl=auto (the default): the fused kernels where they run fast (CUDA), the dense
     logits on CPUs, even when Triton's interpreter could run the kernels there (CI)."""
     from eae_model.kernels.fused_memory import resolve_impl
-    from eae_platform.sharded_table import ShardedEntityTable
+    from eae_model.sharded_table import ShardedEntityTable
 
     cpu = torch.zeros(2, 4)
     assert resolve_impl("auto", cpu) == "dense" and resolve_impl("chunked", cpu) == "chunked"

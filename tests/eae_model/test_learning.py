@@ -83,7 +83,7 @@ def tiny_model(seed: int, table: str = "dense") -> EaEModel:
     # The test is about k < N at inference: top-k retrieval, not the full softmax.
     assert config.k_inference is not None and config.k_inference < NUM_ENTITIES
     if table == "sharded":  # distributed training's table, here with one worker
-        from eae_platform.sharded_table import ShardedEntityTable
+        from eae_model.sharded_table import ShardedEntityTable
 
         return EaEModel(config, entity_table=ShardedEntityTable(NUM_ENTITIES, config.entity_dim, seed=seed))
     return EaEModel(config)

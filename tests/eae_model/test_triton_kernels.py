@@ -20,8 +20,8 @@ from eae_model.kernels.fused_memory import chunked_backward, chunked_forward, tr
 from eae_model.kernels.triton_memory import memory_backward, memory_forward
 from eae_model.mentions import Mentions
 from eae_model.model import EaEModel
-from eae_platform.sharded_table import ShardedEntityTable
-from tests.eae_platform import test_sharded_table as sharded
+from eae_model.sharded_table import ShardedEntityTable
+from tests.eae_model import test_sharded_table as sharded
 
 INTERPRETED = triton_interpreted()
 if not INTERPRETED and not torch.cuda.is_available():
@@ -223,7 +223,7 @@ def test_table_gradient_accumulates_in_place_like_autograd():
 @pytest.mark.skipif(not INTERPRETED, reason="the sharded table's reference data lives on the CPU")
 @pytest.mark.parametrize("case", sharded.CASES, ids=[c[0] for c in sharded.CASES])
 def test_sharded_table_one_worker_with_triton(monkeypatch, case):
-    """eae_platform.sharded_table's fused path (plan.fused) on one worker, against the
+    """eae_model.sharded_table's fused path (plan.fused) on one worker, against the
     unsharded reference: the same per-shard code as with several workers."""
     name, k, counts, chunk, retrieve = case
     full, data = sharded.make_data(100, (sum(counts) or 4,))

@@ -344,7 +344,7 @@ def _sharded_table_worker(config):
     import ray.train
     from safetensors.torch import save_file
 
-    from eae_platform.sharded_table import ShardedEntityTable
+    from eae_model.sharded_table import ShardedEntityTable
 
     rank = ray.train.get_context().get_world_rank()
     inputs = _table_inputs()

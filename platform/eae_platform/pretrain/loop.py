@@ -93,7 +93,7 @@ def cuda_graph_marker(mode: str | None, device: torch.device):
 
 
 def build_model(config: PretrainConfig) -> EaEModel:
-    from eae_platform.sharded_table import ShardedEntityTable
+    from eae_model.sharded_table import ShardedEntityTable
 
     c = config.model
     torch.manual_seed(config.train.seed)  # the same replicated initialisation on every rank
@@ -202,7 +202,7 @@ def with_table_counts(items, model: EaEModel, group, steps: int):
     table's `expect`; None when group is None. Run ahead of the step in a thread of its own,
     it spares the step the two waits for the other hosts that R0 took inside the forward.
     Every worker makes exactly `steps` exchanges, one per step it takes."""
-    from eae_platform.sharded_table import exchange_counts
+    from eae_model.sharded_table import exchange_counts
 
     try:
         for _, (epoch, step, batch) in zip(range(steps), items):

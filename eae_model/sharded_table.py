@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +114,6 @@ from eae_data.constants import NULL_ENTITY as UNLINKED
 from eae_model.entity_table import TableOutput
 from eae_model.kernels import fused_memory
 from eae_model.kernels.fused_memory import block_backward, block_forward, cast_rows, compute_dtype
-from eae_platform.pretrain.profiling import span
 
 
 
@@ -138,7 +138,9 @@ class _Comm:
     def __init__(self, group=None):
         self.group = group
         self.host_group = None  # where R0 runs: None = `group` itself
-        self.timer = None  # a pretrain.profiling.SpanTimer: each all_to_all timed as "exchange"
+        # the caller's timing hook (the Ray layer passes its pretrain.profiling.SpanTimer): an
+        # object whose span(name) is a context manager; each all_to_all is timed as "exchange"
+        self.timer = None
         if group is None and not (dist.is_available() and dist.is_initialized()):
             self.world, self.rank = 1, 0
         else:
@@ -177,7 +179,7 @@ class _Comm:
         if replicate:
             buf = buf.repeat(self.world, 1)
         out = buf.new_empty(sum(recv), buf.shape[1])
-        with span(self.timer, "exchange"):
+        with self.timer.span("exchange") if self.timer is not None else nullcontext():
             dist.all_to_all_single(out, buf, output_split_sizes=recv, input_split_sizes=send, group=self.group)
         result, offset = [], 0
         for dtype, shape, width in specs:

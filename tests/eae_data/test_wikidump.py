@@ -10,7 +10,6 @@ from xml.sax.saxutils import escape, quoteattr
 
 import pytest
 
-from eae_data import wikidump
 from eae_data.wikidump import (
     Page,
     Partition,
@@ -115,7 +114,9 @@ def test_table_markup_dump():
 
 
 def test_embedded_dump_path_without_gensim(monkeypatch):
-    monkeypatch.setattr(wikidump.importlib.util, "find_spec", lambda name: None)
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps gensim"):
         embedded_dump_path()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain import data
 from eae_platform.pretrain.config import PretrainConfig
-from eae_platform.pretrain.loop import train_loop_per_worker
+from eae_platform.pretrain.loop import MLFLOW_CLOSE_WAIT_S, train_loop_per_worker
 from eae_platform.progress import relay
 from eae_platform.tracking import Tracker, alias_version, tracking_uri
 
@@ -190,7 +190,7 @@ def open_run(config: PretrainConfig) -> Tracker:
     t = config.train
     last = last_checkpoint_state(t.storage_path, t.name)
     run_id = last[1].get("mlflow_run_id") if last else None
-    tracker = Tracker(t.experiment, run_name=t.name, run_id=run_id, uri=t.mlflow_uri)
+    tracker = Tracker(t.experiment, run_name=t.name, run_id=run_id, uri=t.mlflow_uri, close_wait_s=MLFLOW_CLOSE_WAIT_S)
     if run_id is None:
         tracker.log_config(config.to_dict())
     return tracker

@@ -33,6 +33,13 @@ from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProf
 from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig
 
 
+
+# How long a run that ends while its MLflow store is unreachable keeps trying before it writes
+# what is unsent to a file: a pretraining run is long, and a server restarted near its end
+# (tests/eae_platform/test_pretrain.py: up to ~40 s on a loaded 2-core machine) should
+# still get every metric and the final status. Costs nothing while the store answers.
+MLFLOW_CLOSE_WAIT_S = 120.0
+
 def lr_lambda(total_steps: int, warmup_fraction: float):
     """Linear warmup over the first warmup_fraction of steps, then linear decay to 0 (paper)."""
     warmup = max(1, int(total_steps * warmup_fraction))
@@ -286,7 +293,8 @@ def train_loop_per_worker(config_dict: dict) -> None:
         from eae_platform.tracking import Tracker
 
         # the run job.run opened (and ends FAILED or KILLED if this loop never gets to close it)
-        tracker = Tracker(t.experiment, run_id=config_dict["mlflow_run_id"], uri=t.mlflow_uri)
+        tracker = Tracker(t.experiment, run_id=config_dict["mlflow_run_id"], uri=t.mlflow_uri,
+                          close_wait_s=MLFLOW_CLOSE_WAIT_S)
         progress["mlflow_run_id"] = tracker.run_id
 
     files = data.shard_files(t.data, "train")  # at least one: job.check_data ran on the driver

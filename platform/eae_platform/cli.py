@@ -293,9 +293,8 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     (default: 1 when the cluster has one), on the cluster of --address / RAY_ADDRESS (else a
     new local one). A bad-input error inside the task is raised as itself, without Ray's wrapping."""
     ray = connect(args.address)
-    # SIGTERM as Ray's driver answers it (sys.exit), installed again after connecting: the core
-    # worker's failure-signal handler, which now wraps Ray's, re-raises the signal after it and
-    # can kill this driver before it has cancelled the task (its MLflow run left RUNNING)
+    # SIGTERM as Ray's driver answers it (sys.exit), which cancels the task below (see main for
+    # the core worker's own handler, which must not take the signal first)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
     cpus = args.cpus
     gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
@@ -590,6 +589,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # read by ray_session.connect (progress.verbose)
+    # A driver's SIGTERM (`ray job stop`, a scheduler) must reach Python's handler, which ends
+    # the command's MLflow run KILLED (cancelling its Ray task first). The core worker's
+    # failure-signal handler (abseil's, installed when Ray connects unless this is set before
+    # ray is imported) prints a stack and re-raises the signal: it killed the driver before it
+    # had cancelled its task (CI: a stopped fine-tuning's run left RUNNING). A local cluster this
+    # driver starts inherits it: its workers' native crashes print no C++ stack.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     if not verbose():  # MLflow's artifact download bars (loading a model, a checkpoint) are noise in a progress log;
         # an MLFLOW_ variable, so ray_session.connect passes it on to the workers
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

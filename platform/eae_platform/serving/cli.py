@@ -94,7 +94,10 @@ def serve_command(args: argparse.Namespace) -> int:
                 print(f"ready: {json.loads(r.read())['model']}", flush=True)
                 break
         except urllib.error.HTTPError as exc:
-            status = json.loads(exc.read() or b"{}")
+            try:
+                status = json.loads(exc.read() or b"{}")
+            except ValueError:  # Serve's proxy in plain text: a 404 until it has the app's route
+                status = {}
             if status.get("error") and "loading" not in status["error"]:
                 print(f"eae: error: the model did not load: {status['error']}", file=sys.stderr)
                 serve.shutdown()

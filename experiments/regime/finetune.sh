@@ -13,6 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 pids=()
 while read -r w z v s cell; do
   grep -q "^MLflow run:" "$STUDY/logs/qa-$cell.log" 2>/dev/null && continue
+  [ "$v" = mm ] && continue  # MM has no EntityPred head: no answer entity to predict (as in the paper)
   off=""  # a model with a memory: test again with its output zeroed (test/em_memory_off)
   case $v in eae|eae_unsup) off="--set finetune.memory_off_eval=true" ;; esac
   stated=""  # a synthetic world: EM split by whether pretraining read the question's fact

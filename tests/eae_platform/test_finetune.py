@@ -295,7 +295,7 @@ def test_qa_memory_off_em_equals_the_model_with_its_memory_output_zeroed(synth_p
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_stopped_sweep_ends_its_runs_killed(synth_pretrained, ray_cluster, tmp_path, sig):
     """`eae tune` stopped while its trials train, by Ctrl-C (SIGINT) or by `ray job stop`/kill
-    (SIGTERM, which Ray's driver turns into sys.exit): the sweep's MLflow run and every trial
+    (SIGTERM, which the sweep hands to Tune as a Ctrl-C): the sweep's MLflow run and every trial
     run it started end KILLED, none stays RUNNING; its log has a line per trial event and none
     of Tune's status tables."""
     tmp, _, _ = synth_pretrained
@@ -305,6 +305,9 @@ sweep: {{name: stopped, max_concurrent: 2, cpus_per_trial: 0.5, storage_path: "{
 finetune: {{init: "{init}", data: "synth:{world}", max_steps: 100000, log_every: 5, mlflow_uri: "{uri}"}}
 grid: {{lr: [1.0e-3, 3.0e-4]}}
 """)
+    # the store's tables made before the sweep starts: this test's polling client and the sweep
+    # creating them at once in a new SQLite file collided ("table ... already exists", CI)
+    MlflowClient(uri).search_experiments()
     job = subprocess.Popen([sys.executable, "-m", "eae_platform.cli", "tune", "--space", str(space),
                             "--address", ray_cluster.get_runtime_context().gcs_address],
                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
@@ -313,7 +316,7 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
 
     def trial_runs():
         client = MlflowClient(uri)
-        exp = client.get_experiment_by_name("eae-qa") if (tmp_path / "mlflow.db").exists() else None
+        exp = client.get_experiment_by_name("eae-qa")
         if exp is None:
             return []
         return [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]

@@ -14,11 +14,14 @@ interrupted sweep from its Tune experiment state and re-runs the failed trials.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import math
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,11 +198,12 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # legacy one honours it (Ray's switch)
     with parent:  # an exception ends the sweep's run FAILED, an interrupt or SIGTERM KILLED
         try:
-            results = tuner.fit()
-        except (KeyboardInterrupt, SystemExit):  # SIGTERM: Ray's driver exits at once
+            with _sigterm_as_ctrl_c():
+                results = tuner.fit()
+        except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C or SIGTERM: Tune stops waiting
             _end_orphans(parent, "KILLED")
             raise
-        # Ctrl-C: Tune catches it, stops the trials (killing their processes), saves its state and
+        # Ctrl-C or SIGTERM: Tune catches it, stops the trials (killing their processes), saves its state and
         # returns; a trial it stopped has no error and no final report (dev EM with the model as
         # its checkpoint), while its status may read TERMINATED all the same
         interrupted = any(r.error is None and (r.checkpoint is None or METRIC not in (r.metrics or {}))
@@ -235,6 +239,30 @@ def _trial_lines(grid_keys: list[str]):
             print(f"{self._name(trial)}: failed (the sweep's summary gives the error)", flush=True)
 
     return TrialLines()
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM (`ray job stop`, a scheduler, kill) stops the sweep as Ctrl-C does: it calls the
+    current SIGINT handler, which during fit() is Tune's (stop the trials, kill their processes,
+    save the experiment state, return). Ray's driver handler (sys.exit) left at once instead, while
+    Tune could still be starting a trial: that trial's MLflow run, created after the driver had
+    ended the RUNNING ones, stayed RUNNING (CI). Only the main thread may set signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def as_ctrl_c(signum, frame):
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):  # SIG_DFL or SIG_IGN: no Python handler to call
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)
+
+    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _end_orphans(parent, status: str) -> None:

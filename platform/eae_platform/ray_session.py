@@ -1,14 +1,18 @@
 """Connecting to Ray the way every command does: the cluster named by --address or
 RAY_ADDRESS (as `ray job submit` sets for its jobs), else a new local cluster.
 
-Ray 2.60 enables token authentication on the local clusters it starts; we keep that default.
-To reach a cluster started with `ray start --head`, set RAY_ADDRESS (and RAY_AUTH_TOKEN or the
-token file Ray wrote, as Ray's token-auth docs describe)."""
+A new local cluster has token authentication on (Ray's default, unless RAY_AUTH_MODE=disabled
+says otherwise; Ray keeps the token in ~/.ray/auth_token, or takes RAY_AUTH_TOKEN) and its
+dashboard on 127.0.0.1 only: a client without the token is refused
+(tests/eae_platform/test_ray_session.py). To reach a cluster started with `ray start --head`,
+set RAY_ADDRESS (and RAY_AUTH_TOKEN or the token file Ray wrote, as Ray's token-auth docs
+describe)."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 
 from eae_platform.progress import verbose
 
@@ -26,20 +30,44 @@ def connect(address: str | None = None, num_cpus: int | None = None):
         # Inside a `ray job submit` job, those its runtime env already sets are left out: Ray
         # refuses a ray.init that names the same variable again.
         job_env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
-        mlflow_env = {k: v for k, v in os.environ.items()
-                      if k.startswith("MLFLOW_") and k not in (job_env.get("env_vars") or {})}
-        ray.init(address=address, runtime_env={"env_vars": mlflow_env} if mlflow_env else None, **_quiet())
+        env = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+        if address != "auto" and "://" not in address:  # host:port of the cluster's GCS
+            env["RAY_ADDRESS"] = address  # see _STATE_API below
+        env = {k: v for k, v in env.items() if k not in (job_env.get("env_vars") or {})}
+        ray.init(address=address, runtime_env={"env_vars": env} if env else None, **_quiet())
     else:
         # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names.
         # With the dashboard (Ray's default where its packages are installed, as with ray[serve]),
         # whose State API Ray Train's placement-group cleaner polls: without it a pretraining run
         # logged "Failed to query Ray Train Controller actor state" every few seconds (~300
-        # lines in a 5-minute GPU run) and the cleaner could never clean up. On 127.0.0.1:8265,
-        # or a free port if that one is taken.
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, **_quiet())
+        # lines in a 5-minute GPU run) and the cleaner could never clean up. On a free port of
+        # 127.0.0.1 that the workers are told (see _STATE_API below).
+        # Token authentication: Ray 2.60's default for a new local cluster (RAY_AUTH_MODE
+        # unset). Not set here: RAY_AUTH_MODE written into os.environ after Ray has read its
+        # config turns the cluster's check on but not this driver's token (tested: it cannot
+        # connect). tests/eae_platform/test_ray_session.py fails if a Ray upgrade turns it off.
+        port = _free_port()
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, dashboard_host="127.0.0.1",
+                 dashboard_port=port, runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}},
+                 **_quiet())
     if not verbose():
         print(f"Ray's own output (workers, Ray Train, Ray Data): {logs_dir()} (--verbose shows it here)", flush=True)
     return ray
+
+
+# _STATE_API: Ray Train's placement-group cleaner (an actor of every `eae pretrain`) asks the
+# State API whether the run's controller is alive, at an address it finds on its own: RAY_ADDRESS
+# or RAY_API_SERVER_ADDRESS in its environment, else /tmp/ray/ray_current_cluster, the cluster
+# `ray start` last wrote there. With another cluster on the machine (a `ray start` head, a
+# stale file, the test suite's) it asked that one: each check hung up to 10 s, every run's end
+# waited 15 s for the cleaner, and a cleaner answered "no such actor" by a live cluster would
+# remove the run's placement group. Both variables name this process's own cluster.
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _quiet() -> dict:

@@ -30,9 +30,11 @@ A *new* run cannot be created without the store (`TrackingUnavailable`, before t
 a resumed run (`run_id=`) starts offline if need be. The queue lives in memory (~150 bytes a
 metric) and in the journal on disk.
 
-The registered model is an MLflow pyfunc (`EaEPyfuncModel`) whose artifacts hold the model
-directory; `download_model_dir(uri)` fetches just that directory, `load_pyfunc(uri)` the pyfunc,
-both from the store `tracking_uri()` names without touching MLflow's global tracking URI.
+The registered model is an MLflow pyfunc whose artifacts hold the model directory, logged as
+a model from code (`serving/pyfunc.py`, `EaEPyfuncModel`: its predict is the serving engine's
+/v1/link), so that loading it unpickles nothing. `download_model_dir(uri)` fetches just that
+directory, `load_pyfunc(uri)` the pyfunc, both from the store `tracking_uri()` names without
+touching MLflow's global tracking URI.
 
 A PostgreSQL store (a server's --backend-store-uri or a direct URI) needs the driver named:
 `postgresql+psycopg2://...`; SQLAlchemy 2.1 maps a plain `postgresql://` to psycopg 3.
@@ -49,7 +51,6 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,6 +73,8 @@ FAST_FAIL_ENV = {
 }
 
 MODEL_DIR_ARTIFACT = "model_dir"  # key of the EaE model directory among the pyfunc's artifacts
+# The pyfunc's code, logged as MLflow's "model from code" (the file, not a pickled object).
+PYFUNC_CODE = Path(__file__).parent / "serving" / "pyfunc.py"
 DEFAULT_ALIAS = "champion"  # MLflow reserves "latest" (and "v<N>") as alias names
 PARAM_TRUNCATED = "...[truncated; full value in config.json]"
 
@@ -240,103 +243,21 @@ def _stage(source: Path, target: Path) -> None:
 # The registered model
 
 
-# Defined with warnings recorded (and dropped): MLflow warns at class creation that predict has
-# no type hints. Hints would make MLflow validate and convert inputs (list[str] refuses a str or
-# {"text": ...}); without them the input reaches predict as given.
-with warnings.catch_warnings(record=True):
-
-    class EaEPyfuncModel(mlflow.pyfunc.PythonModel):
-        """MLflow pyfunc wrapper of a saved EaE model directory (`model.safetensors` + `config.json`,
-        as `eae_model.checkpoint.save_model` writes it), held among the pyfunc's artifacts.
-
-        After `m = mlflow.pyfunc.load_model("models:/eae@champion")`,
-        `m.unwrap_python_model().model_dir` is the local directory and `.model` the loaded EaEModel.
-        predict takes texts (a str, a list of str, {"text": str | list[str]}, or a DataFrame with a
-        "text" column or one column) and returns, per text, the detected mentions with character
-        offsets and the best entity id and its probability (EntityPred, else the memory's scores)."""
-
-        def load_context(self, context) -> None:
-            from eae_model.checkpoint import load_model
-
-            self.model_dir = Path(context.artifacts[MODEL_DIR_ARTIFACT])
-            self.model = load_model(self.model_dir).eval()
-            self._tokenizer = None
-
-        @staticmethod
-        def _texts(model_input: Any) -> list[str]:
-            if isinstance(model_input, str):
-                return [model_input]
-            if isinstance(model_input, Mapping):
-                model_input = model_input["text"]
-                return [model_input] if isinstance(model_input, str) else [str(t) for t in model_input]
-            if hasattr(model_input, "columns"):  # a DataFrame: its "text" column, else its only one
-                column = model_input["text"] if "text" in model_input.columns else model_input.iloc[:, 0]
-                return [str(t) for t in column.tolist()]
-            return [str(t) for t in model_input]
-
-        def predict(self, context, model_input, params=None):
-            import torch
-
-            from eae_data.tokenizer import WordPieceTokenizer
-
-            texts = self._texts(model_input)
-            if not texts:
-                return []
-            if self._tokenizer is None:
-                self._tokenizer = WordPieceTokenizer()
-            c, tok = self.model.config, self._tokenizer
-            encodings = []
-            for enc in tok.encode_batch(texts):
-                ids, offsets = enc.ids, enc.offsets
-                if len(ids) > c.max_length:  # keep [CLS] ... and a closing [SEP]
-                    ids, offsets = ids[: c.max_length - 1] + [tok.sep_id], offsets[: c.max_length - 1] + [(0, 0)]
-                encodings.append((ids, offsets))
-            width = max(len(ids) for ids, _ in encodings)
-            input_ids = torch.full((len(texts), width), c.pad_token_id, dtype=torch.long)
-            attention = torch.zeros((len(texts), width), dtype=torch.long)
-            for b, (ids, _) in enumerate(encodings):
-                input_ids[b, : len(ids)] = torch.tensor(ids)
-                attention[b, : len(ids)] = 1
-            with torch.no_grad():
-                out = self.model(input_ids, attention)
-            results: list[list[dict]] = [[] for _ in texts]
-            logits = _entity_logits(out)
-            m = out.mentions
-            if len(m) == 0:
-                return results
-            scores = ids_best = None
-            if logits is not None and logits.shape[0] == len(m):
-                scores, ids_best = logits.float().softmax(-1).max(-1)
-            for i in range(len(m)):
-                b, s, t = int(m.batch_ids[i]), int(m.starts[i]), int(m.ends[i])
-                offsets = encodings[b][1]
-                start, end = offsets[s][0], offsets[t][1]
-                item = {"start": start, "end": end, "mention": texts[b][start:end]}
-                if ids_best is not None:
-                    item |= {"entity_id": int(ids_best[i]), "score": float(scores[i])}
-                results[b].append(item)
-            return results
-
-
-def _entity_logits(out: Any):
-    """[M, N] entity scores of the decoded mentions: EntityPred's, else the memory's (None
-    where the table is sharded or the model has neither)."""
-    for holder in (getattr(out, "entity_pred", None), getattr(out, "memory", None)):
-        logits = getattr(holder, "logits", None)
-        if logits is not None and hasattr(logits, "softmax"):
-            return logits
-    return None
-
-
 def _pip_requirements() -> list[str]:
+    """The pyfunc's packages at their installed versions: the model's, and the serving
+    engine's (faiss, pyarrow for the titles) that its predict runs."""
     from importlib.metadata import PackageNotFoundError, version
 
     reqs = []
-    for dist in ("mlflow", "torch", "safetensors", "tokenizers", "pyyaml", "numpy"):
-        try:
-            reqs.append(f"{dist}=={version(dist)}")
-        except PackageNotFoundError:
-            reqs.append(dist)
+    for dist in ("mlflow", "torch", "safetensors", "tokenizers", "pyyaml", "numpy", "pyarrow", "faiss-cpu|faiss-gpu"):
+        for name in dist.split("|"):  # whichever of the alternatives is installed, else the first
+            try:
+                reqs.append(f"{name}=={version(name)}")
+                break
+            except PackageNotFoundError:
+                pass
+        else:
+            reqs.append(dist.split("|")[0])
     return reqs
 
 
@@ -652,7 +573,7 @@ class Tracker:
         self, model_dir: str | Path, name: str, alias: str | None = DEFAULT_ALIAS, step: int = 0,
         artifact_name: str = "model",
     ) -> str | None:
-        """Log the EaE model directory as an MLflow pyfunc model (an `EaEPyfuncModel` whose
+        """Log the EaE model directory as an MLflow pyfunc model (`PYFUNC_CODE`, whose
         artifacts hold the directory) linked to this run, register it as a new version of `name`
         and point `alias` at it (alias None: a new version only, no alias moves). Returns
         `models:/<name>@<alias>`, or without an alias `models:/<name>/<version>` (None while the
@@ -943,7 +864,7 @@ class Tracker:
                 local = Path(tmp) / "model"
                 mlflow.pyfunc.save_model(
                     path=str(local),
-                    python_model=EaEPyfuncModel(),
+                    python_model=str(PYFUNC_CODE),
                     artifacts={MODEL_DIR_ARTIFACT: entry["model_dir"]},
                     pip_requirements=_pip_requirements(),
                     mlflow_model=Model(

@@ -32,6 +32,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(port: int) -> set[str]:
+    """The addresses with a socket listening on TCP `port`, from the kernel's tables (those of
+    every process on this host, Serve's HTTP proxy actor included)."""
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        if not Path(table).is_file():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                found.add(socket.inet_ntop(family, raw))
+    return found
+
+
 def call(url: str, path: str, body=None, raw: bytes | None = None, method: str | None = None,
          headers: dict | None = None) -> tuple[int, object]:
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
@@ -58,13 +74,15 @@ def _model_replicas(ray) -> list[str]:
 def server(ray_cluster, tmp_path_factory):
     from ray import serve
 
+    from eae_platform.cli import build_parser
     from eae_platform.serving.app import build_app
 
     tmp = tmp_path_factory.mktemp("serve")
     model_dir = make_model_dir(tmp / "model")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    host = build_parser().parse_args(["serve", "--model", str(model_dir)]).host  # `eae serve`'s default
+    serve.start(http_options={"host": host, "port": port})
     settings = {"model": str(model_dir), "num_replicas": 2, "cpus_per_replica": 0.5, "max_batch_size": 8,
                 "engine": {"entity_store": str(tmp / "store"), "max_text_chars": 2000}}
     t0 = time.monotonic()
@@ -97,7 +115,9 @@ def test_health_ready_docs_and_binding(server):
     status, spec = call(server.url, "/openapi.json")
     assert status == 200 and {"/v1/link", "/rel", "/v1/answer", "/v1/entities"} <= set(spec["paths"])
     assert call(server.url, "/docs")[0] == 200
-    # bound to loopback only: the HTTP proxy listens on 127.0.0.1, not on the other addresses
+    # bound to loopback only (`eae serve`'s default): the HTTP proxy listens on 127.0.0.1 alone,
+    # and the host's other addresses refuse a connection
+    assert _listening(server.port) == {"127.0.0.1"}
     others = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
     for address in others:
         with socket.socket() as s:
@@ -467,12 +487,14 @@ def test_page_shows_the_model_loading_and_a_load_error(server):
 
 
 def test_serve_deploy_config_is_valid():
+    from ray.serve.config import HTTPOptions
     from ray.serve.schema import ServeDeploySchema
 
     from eae_platform.serving.app import ServeSettings
 
     config = yaml.safe_load((REPO / "serve_apps" / "eae.yaml").read_text())
     ServeDeploySchema.model_validate(config)
+    assert HTTPOptions().host == "127.0.0.1"  # Serve's own default, for a config that names no host
     app = config["applications"][0]
     assert app["import_path"] == "eae_platform.serving.app:build_app" and config["http_options"]["host"] == "127.0.0.1"
     settings = ServeSettings.from_args(app["args"])

@@ -5,6 +5,7 @@ answer, faiss retrieval against exact search, new entities and their store, mode
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -233,25 +234,74 @@ def test_serve_settings_from_flags_and_the_deploy_config(model_dir, monkeypatch,
     s = serve_settings(args)
     assert s.model == str(model_dir) and s.engine.entity_store == str(model_dir.parent / "store")
     assert s.engine.index.kind == "hnsw" and s.max_batch_size == 4 and not s.batching and s.mlflow_uri is None
-    s = serve_settings(build_parser().parse_args(["serve", "--model", "models:/eae@pretrained"]))
+    args = build_parser().parse_args(["serve", "--model", "models:/eae@pretrained"])
+    assert (args.host, args.port) == ("127.0.0.1", 8000)  # this machine only, unless --host says otherwise
+    s = serve_settings(args)
     assert s.mlflow_uri == f"sqlite:///{model_dir.parent / 'mlflow.db'}"  # resolved where the command runs
     with pytest.raises(ValueError, match="--model is required"):
         serve_settings(build_parser().parse_args(["serve"]))
     assert main(["serve", "--model", str(tmp_path / "missing")]) == 2  # refused before Ray starts
 
 
-def test_registered_mlflow_model_is_served_with_its_titles(model_dir, tmp_path):
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def registered(model_dir, tmp_path_factory):
+    """(the model registered as models:/eae-serve-test@pretrained, its store's URI, what MLflow
+    logged while registering it) in a SQLite store of its own."""
     from eae_platform.tracking import Tracker
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = Tracker("serve-test", uri=uri, spool_dir=tmp_path)
-    model_uri = tracker.register_model(model_dir, "eae-serve-test", "pretrained")
-    assert tracker.close().ok
+    tmp = tmp_path_factory.mktemp("registered")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    logged = _Records()
+    mlflow_logger = logging.getLogger("mlflow")  # MLflow's loggers do not propagate to the root
+    mlflow_logger.addHandler(logged)
+    try:
+        tracker = Tracker("serve-test", uri=uri, spool_dir=tmp)
+        model_uri = tracker.register_model(model_dir, "eae-serve-test", "pretrained")
+        assert tracker.close().ok
+    finally:
+        mlflow_logger.removeHandler(logged)
+    return model_uri, uri, logged.lines
+
+
+def test_registered_mlflow_model_is_served_with_its_titles(registered, tmp_path):
+    model_uri, uri, _ = registered
     engine = Engine(resolve(model_uri, mlflow_uri=uri, cache_dir=tmp_path / "cache"))
     assert engine.titles[11] == title(11) and engine.describe()["model"] == "models:/eae-serve-test@pretrained"
     assert engine.titles_from == "wikipedia" and engine.entity(11)["aliases"] == aliases(11)  # the vocabulary travels whole
     out = engine.link("the river flows past old mills", [[4, 5]], top_k=2)["mentions"][0]
     assert out["text"] == "river" and out["title"] == title(out["entity_id"])
+
+
+def test_the_registered_model_loads_without_unpickling_and_links_as_the_engine(registered, engine, tmp_path,
+                                                                              monkeypatch):
+    """The pyfunc is a model from code (no pickle is written, MLflow's CloudPickle warning never
+    comes, and it loads with MLflow's pickle loading switched off), and its predict is the
+    engine's /v1/link: a text of many windows gets the same mentions, those past the first
+    window included."""
+    from eae_platform.tracking import load_pyfunc
+
+    model_uri, uri, logged = registered
+    assert not [line for line in logged if "pickle" in line.lower()], logged
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")  # MLflow refuses any pickle
+    pyfunc = load_pyfunc(model_uri, uri=uri, dst_path=tmp_path / "pyfunc")
+    assert not [p for p in (tmp_path / "pyfunc").rglob("*") if p.suffix in (".pkl", ".pickle", ".cloudpickle")]
+    text = long_text(120)  # ~120 wordpieces: 4+ windows of 30
+    first_window_ends = engine.tokenizer.encode(text, add_special_tokens=False).offsets[engine.window - 1][1]
+    expected = engine.link(text)
+    assert any(m["start"] >= first_window_ends for m in expected["mentions"]), "mentions past the first window"
+    assert pyfunc.predict([text]) == [expected]
+    assert pyfunc.predict({"text": text}) == pyfunc.predict(text) == [expected]
+    both = [engine.prepare(engine.link_job(t)) for t in ("the river", text)]
+    assert pyfunc.predict(["the river", text]) == engine.run(both)  # one batch, as Serve batches requests
 
 
 def test_two_replicas_adding_to_one_store_never_reuse_an_id(model_dir, tmp_path):

@@ -144,13 +144,14 @@ def _exercise_run(model_dir: Path, tmp: Path, experiment: str, model_name: str) 
     loaded = mlflow.pyfunc.load_model(model_uri)  # MLflow's own resolution of the URI
     wrapper = loaded.unwrap_python_model()
     _same_files(model_dir, wrapper.model_dir)
-    assert wrapper.model.config.preset == "tiny"
+    assert wrapper.engine.model.config.preset == "tiny"
     model = load_pyfunc(model_uri, dst_path=tmp / "pyfunc")
-    out = model.predict(["Paris is the capital of France.", "Berlin"])
-    assert len(out) == 2 and all(isinstance(spans, list) for spans in out)
-    for text, spans in zip(["Paris is the capital of France.", "Berlin"], out):
-        for span in spans:  # a random tiny model: whatever it detects must be well-formed
-            assert text[span["start"] : span["end"]] == span["mention"] and 0 <= span["entity_id"] < 512
+    texts = ["Paris is the capital of France.", "Berlin"]
+    out = model.predict(texts)  # /v1/link's answers (tests/eae_platform/test_serving_engine.py)
+    assert [o["text"] for o in out] == texts
+    for text, answer in zip(texts, out):
+        for m in answer["mentions"]:  # a random tiny model: whatever it detects must be well-formed
+            assert text[m["start"] : m["end"]] == m["text"] and 0 <= m["entity_id"] < 512
     assert len(model.predict({"text": "Paris"})) == 1 and len(model.predict("Paris")) == 1
 
     # resume the run by id: metrics append to it, the same config is fine, a changed one is not
@@ -178,6 +179,27 @@ def test_tracking_uri_from_env_else_sqlite_in_cwd(tmp_path, monkeypatch):
     assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
     assert tracking.tracking_uri() == "http://127.0.0.1:1"
+
+
+def test_mlflow_s_ui_binds_to_loopback_unless_told_otherwise():
+    """The project starts no MLflow server; it prints and documents `mlflow ui` command lines
+    (after a run, README.md). Those bind MLflow's default host, 127.0.0.1 (this machine only),
+    or name it: none exposes the UI, which has no authentication, to the network."""
+    import re
+
+    import click
+    from mlflow.utils import cli_args
+
+    # `mlflow server`'s --host (`mlflow ui` is another name of it); not read from mlflow.cli,
+    # whose import alone takes ~5 s
+    assert click.command()(cli_args.HOST(lambda host: None)).params[0].default == "127.0.0.1"
+    repo = Path(__file__).resolve().parents[2]
+    files = [repo / "README.md", *(repo / "docs").glob("*.md"), *(repo / "platform").rglob("*.py"),
+             *(repo / "experiments").rglob("*.py"), *(p for p in (repo / "scripts").rglob("*") if p.is_file())]
+    commands = [(f, c) for f in files for c in re.findall(r"mlflow (?:ui|server)\b[^\n`'\"]*", f.read_text(errors="replace"))]
+    assert commands, "the commands the project prints (eae pretrain's summary)"
+    for f, command in commands:
+        assert re.findall(r"--host[ =](\S+)", command) in ([], ["127.0.0.1"]), f"{f}: {command}"
 
 
 def test_flatten_config():

@@ -6,7 +6,8 @@ reports, Ray Data's execution plans and Ray's own warnings stay in the session's
 whose directory the command names once. The lines meant for the user (one per logging window,
 from rank 0 of a pretraining or from the task that fine-tunes or evaluates) come to the driver
 through a Ray queue (`relay`) and are printed there once. `--verbose` (EAE_VERBOSE=1) streams
-everything, as Ray does by default.
+everything, as Ray does by default. A pretraining's line, of a log window or of a dev
+evaluation, is `progress_line`'s, from the metrics it logs.
 """
 
 from __future__ import annotations
@@ -65,6 +66,39 @@ def say(line: str) -> None:
         _channel.put(line)
     else:
         print(line, flush=True)
+
+
+def progress_line(step: int, metrics: dict[str, float]) -> str:
+    """The line a pretraining shows for `step`: its log window's metrics (the names logged as
+    train/<name>: loss, loss_<head>, tokens_per_s, ...), each piece there when its metrics are,
+    e.g. `step 8: loss 25.183 mention 1.009 mlm 10.355 | 2,997 tokens/s, 0.543 s/step (waiting
+    for data 0.000, in gc 0.000) | exchanges 73.3 ms, all-reduce wait 153.4 ms`; or the dev
+    split's (dev/<name>) `step 8 dev: dev/token_accuracy 0.5, dev/perplexity 2.958e+04`; with
+    both, the two lines."""
+    lines = []
+    if "loss" in metrics:
+        lines.append(f"step {step}: " + " | ".join(_window_pieces(metrics)))
+    dev = {k: v for k, v in metrics.items() if k.startswith("dev/")}
+    if dev:
+        lines.append(f"step {step} dev: " + ", ".join(f"{k} {v:.4g}" for k, v in dev.items()))
+    return "\n".join(lines)
+
+
+def _window_pieces(m: dict[str, float]) -> list[str]:
+    """The pieces of a log window's line: the losses, then those of the throughput, the
+    collectives (several workers), the GPU's lag and its peak memory (GPUs)."""
+    losses = [f"loss {m['loss']:.3f}"] + [f"{k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("loss_")]
+    pieces = [" ".join(losses)]
+    if "tokens_per_s" in m:
+        pieces.append(f"{m['tokens_per_s']:,.0f} tokens/s, {m['step_time_s']:.3f} s/step "
+                      f"(waiting for data {m['data_wait_s']:.3f}, in gc {m['gc_s']:.3f})")
+    if "exchange_s" in m:
+        pieces.append(f"exchanges {m['exchange_s'] * 1e3:.1f} ms, all-reduce wait {m['grad_sync_wait_s'] * 1e3:.1f} ms")
+    if "gpu_lag_s" in m:
+        pieces.append(f"GPU lag {m['gpu_lag_s'] * 1e3:.1f} ms, launched in {m['launch_time_s']:.4f} s/step")
+    if "peak_gpu_gib" in m:
+        pieces.append(f"peak {m['peak_gpu_gib']:.1f} GiB")
+    return pieces
 
 
 def root_cause(error: BaseException) -> str:

@@ -26,19 +26,18 @@ import torch.distributed as dist
 from eae_data.constants import VOCAB_FILES
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
-from eae_platform.progress import attach, say
+from eae_platform.progress import attach, progress_line, say
 from eae_platform.pretrain import data, state
 from eae_platform.pretrain.grad_sync import GradientSync
 from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler, parse_steps
 from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig
-
-
 
 # How long a run that ends while its MLflow store is unreachable keeps trying before it writes
 # what is unsent to a file: a pretraining run is long, and a server restarted near its end
 # (tests/eae_platform/test_pretrain.py: up to ~40 s on a loaded 2-core machine) should
 # still get every metric and the final status. Costs nothing while the store answers.
 MLFLOW_CLOSE_WAIT_S = 120.0
+
 
 def lr_lambda(total_steps: int, warmup_fraction: float):
     """Linear warmup over the first warmup_fraction of steps, then linear decay to 0 (paper)."""
@@ -253,161 +252,300 @@ def evaluate(model: EaEModel, dev: data.DevBatches, device, new_step=lambda: Non
 
 
 def train_loop_per_worker(config_dict: dict) -> None:
-    import ray.train
-    import ray.train.torch
+    """What Ray Train runs on every worker: set up (resuming from Ray Train's last checkpoint),
+    train until train.max_steps, then write the final model (train.out) and end the MLflow run;
+    or, where train.time_budget_s runs out first, pause at a checkpoint."""
+    trainer = Trainer(config_dict)
+    if trainer.fit():
+        trainer.pause()
+    else:
+        trainer.finish()
 
-    config = PretrainConfig.from_dict(config_dict)
-    t = config.train
-    ctx = ray.train.get_context()
-    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
-    if rank == 0:  # the one rank whose lines the user sees (job.run's relay)
-        attach(config_dict.get("progress"))
-    device = ray.train.torch.get_device()
-    if device.type == "cuda":
-        # the current device is where the loop's reductions put their tensors (NCCL: one GPU
-        # per rank); with several GPUs visible to each worker it must be this rank's
-        torch.cuda.set_device(device)
 
-    model = compile_stacks(build_model(config).to(device), config)
-    replicated, table = state.split_params(model)
-    # all-reduces during each backward
-    sync = GradientSync(list(replicated.values()), names={p: n for n, p in replicated.items()})
-    # One fused kernel per step on GPUs: the foreach version's passes over the 1M x 256 table
-    # took ~9 ms of a ~90 ms step (H100 profile, docs/performance.md).
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=t.lr,
-                                 fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.max_steps, t.warmup_fraction))
-    progress = {"step": 0, "epoch": 0, "step_in_epoch": 0, "mlflow_run_id": None}
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
+class Trainer:
+    """One worker's pretraining. `__init__` sets up: the model and its optimizer, this worker's
+    rows of the entity table, the data stream, the state of a resumed run. `fit` then takes
+    the steps: `train_step`, every train.log_every steps `log_window`, every
+    train.checkpoint_every steps `evaluate_dev` and `save_checkpoint`. Every worker runs the
+    same collectives in the same order; rank 0 alone holds the MLflow tracker and says the
+    progress lines."""
+
+    def __init__(self, config_dict: dict):
+        import ray.train
+        import ray.train.torch
+
+        self.config = config = PretrainConfig.from_dict(config_dict)
+        t = config.train
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        if self.rank == 0:  # the one rank whose lines the user sees (job.run's relay)
+            attach(config_dict.get("progress"))
+        self.device = device = ray.train.torch.get_device()
+        if device.type == "cuda":
+            # the current device is where the loop's reductions put their tensors (NCCL: one GPU
+            # per rank); with several GPUs visible to each worker it must be this rank's
+            torch.cuda.set_device(device)
+
+        self._build_model()
+        self.progress = self._resume()
+        self.tracker = self._open_tracker(config_dict)
+
+        files = data.shard_files(t.data, "train")  # at least one: job.check_data ran on the driver
+        # the ids of the examples each step consumed (tests, audits): record_examples
+        self.trace = Path(t.storage_path) / t.name / f"examples-rank{self.rank}.jsonl"
+        self.trace.parent.mkdir(parents=True, exist_ok=True)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                         else torch.autocast("cpu", enabled=False))
+        self.profiler = StepProfiler(parse_steps(t.profile_steps), self.trace.parent / f"profile-rank{self.rank}.txt",
+                                     device)
+        self.new_step = step_marker(config, device)
+        self.model.train()
+        self.window, self.window_start = defaultdict(float), time.perf_counter()
+        self.stream = self._batches(files)
+        self.dev = dev_batches(config, self.rank, self.world_size)
+        self.gc_timer = GcTimer()
+        self.lag = GpuLag(device)  # how far the GPU runs behind the host (gpu_lag_s)
+        # With several workers: the step's time in the table's exchanges and in the wait for the
+        # gradients' all-reduces, logged per window (exchange_s, grad_sync_wait_s)
+        self.spans = SpanTimer(device) if self.world_size > 1 else None
+        if self.spans is not None and self.model.entity_table is not None:
+            self.model.entity_table.timer = self.spans
+        self.started = time.perf_counter()  # train.time_budget_s counts from here
+
+    def _build_model(self) -> None:
+        """The model on this worker's device, its replicated and table parameters, the
+        gradients' sync over workers, Adam and the learning-rate schedule."""
+        t = self.config.train
+        self.model = compile_stacks(build_model(self.config).to(self.device), self.config)
+        replicated, table = state.split_params(self.model)
+        self.replicated, self.table = list(replicated.values()), list(table.values())
+        # all-reduces during each backward
+        self.sync = GradientSync(self.replicated, names={p: n for n, p in replicated.items()})
+        # One fused kernel per step on GPUs: the foreach version's passes over the 1M x 256 table
+        # took ~9 ms of a ~90 ms step (H100 profile, docs/performance.md).
+        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=t.lr,
+                                          fused=self.device.type == "cuda")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t.max_steps, t.warmup_fraction))
+
+    def _resume(self) -> dict:
+        """Where the run stands (step, epoch, step_in_epoch, mlflow_run_id): from Ray Train's last
+        checkpoint, whose weights, Adam state and schedule it restores, if there is one."""
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return {"step": 0, "epoch": 0, "step_in_epoch": 0, "mlflow_run_id": None}
         with checkpoint.as_directory() as d:
-            progress = state.load(Path(d), rank, model, optimizer)
-        scheduler.load_state_dict(progress["scheduler"])
+            progress = state.load(Path(d), self.rank, self.model, self.optimizer)
+        self.scheduler.load_state_dict(progress["scheduler"])
         # The optimizer's lr is only refreshed by scheduler.step(): set the restored one now,
         # or the first step after resuming would use the step-0 warmup lr.
-        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
+        return progress
 
-    tracker = None
-    if rank == 0:
+    def _open_tracker(self, config_dict: dict):
+        """Rank 0's MLflow Tracker; None on the other ranks."""
+        if self.rank != 0:
+            return None
         from eae_platform.tracking import Tracker
 
+        t = self.config.train
         # the run job.run opened (and ends FAILED or KILLED if this loop never gets to close it)
         tracker = Tracker(t.experiment, run_id=config_dict["mlflow_run_id"], uri=t.mlflow_uri,
                           close_wait_s=MLFLOW_CLOSE_WAIT_S)
-        progress["mlflow_run_id"] = tracker.run_id
+        self.progress["mlflow_run_id"] = tracker.run_id
+        return tracker
 
-    files = data.shard_files(t.data, "train")  # at least one: job.check_data ran on the driver
-    trace = Path(t.storage_path) / t.name / f"examples-rank{rank}.jsonl"  # consumed example ids (tests, audits)
-    trace.parent.mkdir(parents=True, exist_ok=True)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    profiler = StepProfiler(parse_steps(t.profile_steps), trace.parent / f"profile-rank{rank}.txt", device)
-    new_step = step_marker(config, device)
-    model.train()
-    window = defaultdict(float)
-    window_start = time.perf_counter()
-    first_step = True
+    def _batches(self, files: list):
+        """This worker's (epoch, step_in_epoch, batch, counts) for the steps left, from where the
+        run stands: each epoch's batches read and collated in prefetch threads; counts, the
+        table's mention counts on every worker, exchanged ahead of the step (with_table_counts)
+        when the table is split over several workers, else None."""
+        t, rank, world_size = self.config.train, self.rank, self.world_size
+        cache = {} if (data.cache_by_default(files) if t.cache_data is None else t.cache_data) else None
 
-    cache = {} if (data.cache_by_default(files) if t.cache_data is None else t.cache_data) else None
+        def open_epoch(epoch: int, skip: int):
+            return data.prefetch(
+                data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
+                                self.config.model.num_entities, skip, pad_to(self.config), cache),
+                t.prefetch_batches, pin_for=self.device if self.device.type == "cuda" else None)
 
-    def open_epoch(epoch: int, skip: int):
-        return data.prefetch(
-            data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
-                            config.model.num_entities, skip, pad_to(config), cache),
-            t.prefetch_batches, pin_for=device if device.type == "cuda" else None)
+        def steps_in(epoch: int) -> int:
+            return data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker)
 
-    def steps_in(epoch: int) -> int:
-        return data.steps_per_epoch(files, t.seed, epoch, world_size, t.batch_per_worker)
+        stream = data.iter_epochs(open_epoch, steps_in, self.progress["epoch"], self.progress["step_in_epoch"])
+        ahead = world_size > 1 and self.model.entity_table is not None
+        # new_group is a collective: every worker creates it here, after build_model's groups
+        stream = with_table_counts(stream, self.model, dist.new_group(backend="gloo") if ahead else None,
+                                   t.max_steps - self.progress["step"])
+        if ahead:
+            stream = data.prefetch(stream, t.prefetch_batches)
+        return stream
 
-    stream = data.iter_epochs(open_epoch, steps_in, progress["epoch"], progress["step_in_epoch"])
-    ahead = world_size > 1 and model.entity_table is not None
-    # new_group is a collective: every worker creates it here, after build_model's groups
-    stream = with_table_counts(stream, model, dist.new_group(backend="gloo") if ahead else None,
-                               t.max_steps - progress["step"])
-    if ahead:
-        stream = data.prefetch(stream, t.prefetch_batches)
-    dev = dev_batches(config, rank, world_size)
-    gc_timer = GcTimer()
-    lag = GpuLag(device)  # how far the GPU runs behind the host (gpu_lag_s)
-    # With several workers: the step's time in the table's exchanges and in the wait for the
-    # gradients' all-reduces, logged per window (exchange_s, grad_sync_wait_s)
-    spans = SpanTimer(device) if world_size > 1 else None
-    if spans is not None and model.entity_table is not None:
-        model.entity_table.timer = spans
-    started = time.perf_counter()  # train.time_budget_s counts from here
-    out_of_time = False
-    with closing(stream), closing(gc_timer):  # an early stop or an error ends the prefetch threads
-        while progress["step"] < t.max_steps and not out_of_time:
-            profiler.before(progress["step"] + 1)
-            waited = time.perf_counter()
-            epoch, step_in_epoch, host, counts = next(stream)
-            # How long the step waited for its batch: > 0 only when reading and collating (in
-            # the prefetch threads) fall behind the GPU.
-            window["data_wait_s"] += time.perf_counter() - waited
-            # From pinned memory the copy joins the GPU's queue: the host goes on launching.
-            batch = host.to(device, non_blocking=device.type == "cuda")
-            # Before the forward: here its host time runs while the GPU finishes the last step.
-            optimizer.zero_grad(set_to_none=True)
-            new_step()
-            if counts is not None:
-                model.entity_table.expect(counts)
-            with autocast:
-                # checked on the host by data.collate, which also found the indices: no host sync
-                out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,
-                            validate=False, indices=batch.indices)
-            out.loss.backward()
-            grad_norm = sync_and_clip(sync, list(replicated.values()), list(table.values()), t.grad_clip, spans)
-            optimizer.step()
-            scheduler.step()
-            lag.mark()
-            profiler.after(progress["step"] + 1)
-            with trace.open("a") as f:
-                f.write(json.dumps({"step": progress["step"], "epoch": epoch, "pid": os.getpid(),
-                                    "ids": host.context_ids.tolist()}) + "\n")
-            progress.update(step=progress["step"] + 1, epoch=epoch, step_in_epoch=step_in_epoch + 1)
-            window["steps"] += 1
-            # Losses and norms stay on the device until the window's report: a float() here
-            # would make the host wait for the GPU at every step.
-            window["tokens"] += host.num_tokens
-            window["loss"] += out.loss.detach()
-            for name, value in out.losses.items():
-                window[f"loss_{name}"] += value.detach()
-            window["grad_norm"] += grad_norm
-            step = progress["step"]
-            if first_step:  # optimizer state now exists: the table's steady footprint
-                first_step = False
-                table_metrics = memory_metrics(list(table.values()), optimizer, device)
-                if tracker is not None:
-                    tracker.log_metrics({"train/table_gib_per_worker": table_metrics["table_gib_per_worker"]}, step)
-                    say(f"entity table per worker (rows + grad + Adam state): "
-                        f"{table_metrics['table_gib_per_worker']:.3f} GiB")
-            if step % t.log_every == 0 or step == t.max_steps:
-                window["gc_s"] = gc_timer.take()
-                _report(window, window_start, step, scheduler, tracker, world_size,
-                        memory_metrics(list(table.values()), optimizer, device), spans, lag)
-                window, window_start = defaultdict(float), time.perf_counter()
-                out_of_time = step < t.max_steps and over_budget(t.time_budget_s, started)
-            scheduled = step % t.checkpoint_every == 0 or step == t.max_steps
-            if scheduled or out_of_time:
-                # a pause's checkpoint skips the evaluation: dev curves keep their schedule
-                metrics = evaluate(model, dev, device, new_step) if scheduled else {}
-                if spans is not None:
-                    spans.take()  # the evaluation's exchanges are no step's
-                if tracker is not None and metrics:
-                    tracker.log_metrics(metrics, step)
-                    say(f"step {step} dev: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-                _checkpoint(model, optimizer, scheduler, progress, config, rank, {"step": step, **metrics})
-    if out_of_time:
-        if tracker is not None:
-            say(f"time budget of {t.time_budget_s:g} s spent: paused at step {progress['step']} of {t.max_steps}; "
+    def fit(self) -> bool:
+        """Train until train.max_steps. Returns True where train.time_budget_s ran out first:
+        the run stopped at a step's checkpoint, to be resumed by a relaunch."""
+        t = self.config.train
+        first = self.progress["step"] + 1  # this process's first step (after a resume too)
+        out_of_time = False
+        with closing(self.stream), closing(self.gc_timer):  # an early stop or an error ends the prefetch threads
+            while self.progress["step"] < t.max_steps and not out_of_time:
+                step = self.progress["step"] + 1
+                self.profiler.before(step)
+                epoch, step_in_epoch, host, counts = self.next_batch()
+                metrics = self.train_step(host, counts)
+                self.profiler.after(step)
+                self.record_examples(step - 1, epoch, host)
+                self.progress.update(step=step, epoch=epoch, step_in_epoch=step_in_epoch + 1)
+                self.add_to_window(metrics)
+                if step == first:  # optimizer state now exists: the table's steady footprint
+                    self.log_table_memory(step)
+                if step % t.log_every == 0 or step == t.max_steps:
+                    self.log_window(step)
+                    out_of_time = step < t.max_steps and over_budget(t.time_budget_s, self.started)
+                scheduled = step % t.checkpoint_every == 0 or step == t.max_steps
+                if scheduled or out_of_time:
+                    # a pause's checkpoint skips the evaluation: dev curves keep their schedule
+                    self.save_checkpoint(step, self.evaluate_dev(step) if scheduled else {})
+        return out_of_time
+
+    def next_batch(self) -> tuple:
+        """The stream's next (epoch, step_in_epoch, batch, counts); the wait for it goes to
+        the window's data_wait_s."""
+        waited = time.perf_counter()
+        item = next(self.stream)
+        # How long the step waited for its batch: > 0 only when reading and collating (in
+        # the prefetch threads) fall behind the GPU.
+        self.window["data_wait_s"] += time.perf_counter() - waited
+        return item
+
+    def train_step(self, host: data.Batch, counts) -> dict:
+        """One step on this worker's batch (`host`, in host memory; `counts`: with_table_counts').
+        Returns its metrics: tokens (not padding), loss, loss_<head> and grad_norm, the last
+        ones 0-d tensors left on the device until the window's log: a float() here would make
+        the host wait for the GPU at every step."""
+        # From pinned memory the copy joins the GPU's queue: the host goes on launching.
+        batch = host.to(self.device, non_blocking=self.device.type == "cuda")
+        # Before the forward: here its host time runs while the GPU finishes the last step.
+        self.optimizer.zero_grad(set_to_none=True)
+        self.new_step()
+        if counts is not None:
+            self.model.entity_table.expect(counts)
+        with self.autocast:
+            # checked on the host by data.collate, which also found the indices: no host sync
+            out = self.model(batch.input_ids, batch.attention_mask, mentions=batch.mentions,
+                             mlm_labels=batch.mlm_labels, validate=False, indices=batch.indices)
+        out.loss.backward()
+        grad_norm = sync_and_clip(self.sync, self.replicated, self.table, self.config.train.grad_clip, self.spans)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.lag.mark()
+        return {"tokens": host.num_tokens, "loss": out.loss.detach(),
+                **{f"loss_{name}": value.detach() for name, value in out.losses.items()}, "grad_norm": grad_norm}
+
+    def record_examples(self, step: int, epoch: int, host: data.Batch) -> None:
+        """Append the ids of the contexts this worker trained on at `step` (0-based) to its trace."""
+        with self.trace.open("a") as f:
+            f.write(json.dumps({"step": step, "epoch": epoch, "pid": os.getpid(),
+                                "ids": host.context_ids.tolist()}) + "\n")
+
+    def add_to_window(self, metrics: dict) -> None:
+        """Add a step's metrics to the window's sums."""
+        self.window["steps"] += 1
+        for key, value in metrics.items():
+            self.window[key] += value
+
+    def log_table_memory(self, step: int) -> None:
+        """Log the entity table's footprint per worker (memory_metrics) and say it."""
+        table_gib = memory_metrics(self.table, self.optimizer, self.device)["table_gib_per_worker"]
+        if self.tracker is not None:
+            self.tracker.log_metrics({"train/table_gib_per_worker": table_gib}, step)
+            say(f"entity table per worker (rows + grad + Adam state): {table_gib:.3f} GiB")
+
+    def log_window(self, step: int) -> None:
+        """Log the window of steps since the last log (window_metrics) to MLflow as
+        train/<name> (<split>/<metric>, as every stage) and to Ray Train, say its progress
+        line, and start the next window."""
+        import ray.train
+
+        self.window["gc_s"] = self.gc_timer.take()
+        metrics = self.window_metrics(memory_metrics(self.table, self.optimizer, self.device))
+        if self.tracker is not None:
+            self.tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
+            say(progress_line(step, metrics))
+        ray.train.report({"step": step, **metrics})
+        self.window, self.window_start = defaultdict(float), time.perf_counter()
+
+    def window_metrics(self, extra: dict[str, float]) -> dict[str, float]:
+        """The window's metrics over all workers: its mean losses and gradient norm, throughput
+        (tokens/s counts the non-padding tokens of all workers; the first window includes
+        start-up: kernel autotuning, the first reads), the slowest worker's waits, the GPU's
+        lag, the lr, plus `extra` (memory_metrics).
+
+        The window's clock stops when the GPU has finished its steps (lag.take() waits for that),
+        not when the host has launched them: a host running ahead of its GPU would otherwise leave
+        the GPU's last lag out of the window. `launch_time_s` is the figure earlier runs reported:
+        until the host had launched the steps, which with several workers came after `extra`'s
+        all-reduce had waited for the GPU, and with one did not (its step read ~6% fast on an H100)."""
+        window = self.window
+        launched = time.perf_counter() - self.window_start
+        gpu_lag = self.lag.take()
+        seconds = time.perf_counter() - self.window_start
+        n = max(window["steps"], 1)
+        if self.spans is not None:  # after lag.take(): the stream has passed every span
+            timed = self.spans.take()
+            window["exchange_s"], window["grad_sync_wait_s"] = timed.get("exchange", 0.0), timed.get("grad_sync_wait", 0.0)
+        metrics = {k: float(v) / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
+        tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
+        # the slowest worker's waits set the pace of every step (the collectives wait for it): for
+        # its batch, in Python's garbage collections (GcTimer) and in collectives (SpanTimer)
+        waits = ("data_wait_s", "gc_s") + (("exchange_s", "grad_sync_wait_s") if self.spans is not None else ())
+        metrics.update(_max_over_workers({key: window[key] / n for key in waits}))
+        if gpu_lag is not None:  # the least of the workers': the most host-bound one
+            metrics.update(_reduce_over_workers({"gpu_lag_s": gpu_lag}, dist.ReduceOp.MIN if _distributed() else None))
+        metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, launch_time_s=launched / n,
+                       lr=self.scheduler.get_last_lr()[0])
+        metrics.update(extra)
+        return metrics
+
+    def evaluate_dev(self, step: int) -> dict[str, float]:
+        """The dev metrics (`evaluate`), logged to MLflow and said."""
+        metrics = evaluate(self.model, self.dev, self.device, self.new_step)
+        if self.spans is not None:
+            self.spans.take()  # the evaluation's exchanges are no step's
+        if self.tracker is not None and metrics:
+            self.tracker.log_metrics(metrics, step)
+            say(progress_line(step, metrics))
+        return metrics
+
+    def save_checkpoint(self, step: int, metrics: dict[str, float]) -> None:
+        """Report this worker's part of a checkpoint (state.save: its rows of the table and their
+        Adam state; rank 0 also the replicated weights, their Adam state and where the run
+        stands) to Ray Train, with the step's dev metrics."""
+        import ray.train
+        from ray.train import Checkpoint
+
+        with tempfile.TemporaryDirectory() as d:
+            state.save(Path(d), self.rank, self.model, self.optimizer,
+                       {**self.progress, "scheduler": self.scheduler.state_dict(), "config": self.config.to_dict()})
+            ray.train.report({"step": step, **metrics}, checkpoint=Checkpoint.from_directory(d))
+
+    def pause(self) -> None:
+        """End a run whose time budget ran out: its MLflow run KILLED, tagged with the step."""
+        t = self.config.train
+        if self.tracker is not None:
+            say(f"time budget of {t.time_budget_s:g} s spent: paused at step {self.progress['step']} of {t.max_steps}; "
                 f"relaunch with the same name ({t.name}) to continue")
-            tracker.set_tags({"eae.paused_at_step": progress["step"]})
-            tracker.close("KILLED")
-        return
-    if t.out:
-        _save_final(model, config, rank, Path(t.out))
-    if tracker is not None:
-        tracker.close()
+            self.tracker.set_tags({"eae.paused_at_step": self.progress["step"]})
+            self.tracker.close("KILLED")
+
+    def finish(self) -> None:
+        """End a run that took all its steps: the final model (train.out), the MLflow run closed."""
+        if self.config.train.out:
+            _save_final(self.model, self.config, self.rank, Path(self.config.train.out))
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def over_budget(budget_s: float | None, started: float) -> bool:
@@ -416,61 +554,6 @@ def over_budget(budget_s: float | None, started: float) -> bool:
     if budget_s is None:
         return False
     return _max_over_workers({"elapsed_s": time.perf_counter() - started})["elapsed_s"] >= budget_s
-
-
-def _report(window, window_start, step, scheduler, tracker, world_size, extra=None, spans=None,
-            lag: GpuLag | None = None) -> None:
-    """Metrics of the window of steps since the last report (tokens/s counts the non-padding
-    tokens of all workers; the first window includes start-up: kernel autotuning, the first
-    reads), plus `extra` (memory_metrics), the window's `spans` (a SpanTimer) and `lag` (GpuLag).
-
-    The window's clock stops when the GPU has finished its steps (lag.take() waits for that),
-    not when the host has launched them: a host running ahead of its GPU would otherwise leave
-    the GPU's last lag out of the window. `launch_time_s` is the figure earlier runs reported:
-    until the host had launched the steps, which with several workers came after `extra`'s
-    all-reduce had waited for the GPU, and with one did not (its step read ~6% fast on an H100)."""
-    import ray.train
-
-    launched = time.perf_counter() - window_start
-    gpu_lag = lag.take() if lag is not None else None
-    seconds = time.perf_counter() - window_start
-    n = max(window["steps"], 1)
-    if spans is not None:  # after lag.take(): the stream has passed every span
-        timed = spans.take()
-        window["exchange_s"], window["grad_sync_wait_s"] = timed.get("exchange", 0.0), timed.get("grad_sync_wait", 0.0)
-    metrics = {k: float(v) / n for k, v in window.items() if k.startswith("loss") or k == "grad_norm"}
-    tokens = _sum_over_workers({"tokens": window["tokens"]})["tokens"]
-    # the slowest worker's waits set the pace of every step (the collectives wait for it): for
-    # its batch, in Python's garbage collections (GcTimer) and in collectives (SpanTimer)
-    waits = ("data_wait_s", "gc_s") + (("exchange_s", "grad_sync_wait_s") if spans is not None else ())
-    metrics.update(_max_over_workers({key: window[key] / n for key in waits}))
-    if gpu_lag is not None:  # the least of the workers': the most host-bound one
-        metrics.update(_reduce_over_workers({"gpu_lag_s": gpu_lag}, dist.ReduceOp.MIN if _distributed() else None))
-    metrics.update(tokens_per_s=tokens / seconds, step_time_s=seconds / n, launch_time_s=launched / n,
-                   lr=scheduler.get_last_lr()[0])
-    metrics.update(extra or {})
-    if tracker is not None:
-        tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)  # <split>/<metric>, as every stage
-        say(f"step {step}: loss {metrics['loss']:.3f} "
-              + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
-              + f" | {metrics['tokens_per_s']:,.0f} tokens/s, {metrics['step_time_s']:.3f} s/step"
-              + f" (waiting for data {metrics['data_wait_s']:.3f}, in gc {metrics['gc_s']:.3f})"
-              + (f" | exchanges {metrics['exchange_s'] * 1e3:.1f} ms, all-reduce wait {metrics['grad_sync_wait_s'] * 1e3:.1f} ms"
-                 if "exchange_s" in metrics else "")
-              + (f" | GPU lag {metrics['gpu_lag_s'] * 1e3:.1f} ms, launched in {metrics['launch_time_s']:.4f} s/step"
-                 if "gpu_lag_s" in metrics else "")
-              + (f" | peak {metrics['peak_gpu_gib']:.1f} GiB" if "peak_gpu_gib" in metrics else ""))
-    ray.train.report({"step": step, **metrics})
-
-
-def _checkpoint(model, optimizer, scheduler, progress, config, rank, metrics) -> None:
-    import ray.train
-    from ray.train import Checkpoint
-
-    with tempfile.TemporaryDirectory() as d:
-        state.save(Path(d), rank, model, optimizer,
-                   {**progress, "scheduler": scheduler.state_dict(), "config": config.to_dict()})
-        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
 
 
 def _save_final(model: EaEModel, config: PretrainConfig, rank: int, out: Path) -> None:

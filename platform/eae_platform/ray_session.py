@@ -33,7 +33,8 @@ def connect(address: str | None = None, num_cpus: int | None = None):
         env = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
         if address != "auto" and "://" not in address:  # host:port of the cluster's GCS
             env["RAY_ADDRESS"] = address  # see _STATE_API below
-        env = {k: v for k, v in env.items() if k not in (job_env.get("env_vars") or {})}
+        for taken in job_env.get("env_vars") or {}:
+            env.pop(taken, None)
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, **_quiet())
     else:
         # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names.

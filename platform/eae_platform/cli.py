@@ -315,11 +315,37 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
                 # Ctrl-C, or SIGTERM (which Ray's driver turns into sys.exit): interrupt the task as
                 # well (a KeyboardInterrupt inside it, so that its MLflow run ends KILLED) and let
                 # it finish that before this driver exits, when Ray would kill it without cleanup
-                ray.cancel(ref)
-                ray.wait([ref], timeout=60)
+                _cancel(ray, ref)
                 raise
     except ray.exceptions.RayTaskError as error:
         raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError, LookupError)) else error
+
+
+def _cancel(ray, ref, wait_s: float = 60.0, every_s: float = 5.0) -> bool:
+    """Cancel the task of `ref` and wait up to `wait_s` for it to end; True if it did. Ray's
+    cancel is one KeyboardInterrupt in the task (`_thread.interrupt_main`), which ends its MLflow
+    run KILLED; Python drops one that meets a finalizer (a __del__, a weakref callback: "Exception
+    ignored in ..."), and the task trains on: a stopped `eae finetune` once never exited (CI).
+    So it is sent again every `every_s` until the task ends; after `wait_s`, a forced cancel
+    (no cleanup in the task, but this driver exits)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            ray.cancel(ref)
+        except Exception:  # noqa: BLE001 - the task ended meanwhile
+            pass
+        ready, _ = ray.wait([ref], timeout=max(0.0, min(every_s, deadline - time.monotonic())))
+        if ready:
+            return True
+        if time.monotonic() >= deadline:
+            print(f"eae: the task did not stop within {wait_s:.0f} s of its cancel: killing it", file=sys.stderr,
+                  flush=True)
+            try:
+                ray.cancel(ref, force=True)
+                ray.wait([ref], timeout=10)
+            except Exception:  # noqa: BLE001 - best effort: relay's bounded drain ends this driver anyway
+                pass
+            return False
 
 
 def _finetune_qa(args: argparse.Namespace) -> int:

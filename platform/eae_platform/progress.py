@@ -19,6 +19,7 @@ from contextlib import contextmanager
 VERBOSE_ENV = "EAE_VERBOSE"
 
 _channel = None  # this process's relay queue, set by `attach`
+DRAIN_S = 10.0  # how long `relay` still prints queued lines once its block has ended
 
 
 def verbose() -> bool:
@@ -43,6 +44,8 @@ def relay():
             except Empty:
                 if done.is_set():  # every line was put before the block ended (put waits)
                     return
+            except Exception:  # noqa: BLE001 - the queue's actor is gone (shut down below)
+                return
 
     thread = threading.Thread(target=pump, name="eae-progress", daemon=True)
     thread.start()
@@ -50,7 +53,9 @@ def relay():
         yield queue
     finally:
         done.set()
-        thread.join()
+        # bounded: a task that outlived the block (never cancelled, or killed mid-put) would
+        # keep the queue from ever being empty, and an unbounded join from ever returning
+        thread.join(timeout=DRAIN_S)
         queue.shutdown()
 
 

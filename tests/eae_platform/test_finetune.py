@@ -216,12 +216,12 @@ def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):
 def test_optuna_tpe_runs_its_trial_budget(synth_pretrained, tmp_path):
     tmp, _, uri = synth_pretrained
     space = load_space(_space(tmp, tmp_path, uri, """
-sweep: {{name: tpe, search: optuna-tpe, num_samples: 3, max_concurrent: 2, cpus_per_trial: 1, storage_path: "{storage}"}}
+sweep: {{name: tpe, search: optuna-tpe, num_samples: 2, max_concurrent: 2, cpus_per_trial: 1, storage_path: "{storage}"}}
 finetune: {{init: "{init}", data: "synth:{world}", max_steps: 10, log_every: 10, mlflow_uri: "{uri}"}}
 grid: {{lr: [1.0e-3, 3.0e-4, 1.0e-4], batch_size: [16, 32]}}
 """))
     summary = run_sweep(space)
-    assert len(summary["trials"]) == 3 and not summary["failed"]
+    assert len(summary["trials"]) == 2 and not summary["failed"]
     assert all(t["lr"] in (1e-3, 3e-4, 1e-4) and t["batch_size"] in (16, 32) for t in summary["trials"])
     assert summary["best"]["dev_em"] == max(t["dev_em"] for t in summary["trials"])
     with pytest.raises(ValueError, match="num_samples"):
@@ -292,47 +292,57 @@ def test_qa_memory_off_em_equals_the_model_with_its_memory_output_zeroed(synth_p
     assert again["em"] == own["em"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stopped_sweep_ends_its_runs_killed(synth_pretrained, ray_cluster, tmp_path, sig):
-    """`eae tune` stopped while its trials train, by Ctrl-C (SIGINT) or by `ray job stop`/kill
-    (SIGTERM, which the sweep hands to Tune as a Ctrl-C): the sweep's MLflow run and every trial
-    run it started end KILLED, none stays RUNNING; its log has a line per trial event and none
-    of Tune's status tables."""
+def test_a_stopped_sweep_ends_its_runs_killed(synth_pretrained, ray_cluster, tmp_path):
+    """`eae tune` stopped while its trials train, by Ctrl-C (SIGINT) and, in a second sweep
+    beside it, by `ray job stop`/kill (SIGTERM, which the sweep hands to Tune as a Ctrl-C): each
+    sweep's MLflow run and every trial run it started end KILLED, none stays RUNNING; its log
+    has a line per trial event and none of Tune's status tables. (Side by side: one sweep's
+    start-up, most of its time, overlaps the other's.)"""
     tmp, _, _ = synth_pretrained
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    space = _space(tmp, tmp_path, uri, """
+
+    def start(name):
+        (tmp_path / name).mkdir()
+        uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
+        space = _space(tmp, tmp_path / name, uri, """
 sweep: {{name: stopped, max_concurrent: 2, cpus_per_trial: 0.5, storage_path: "{storage}"}}
 finetune: {{init: "{init}", data: "synth:{world}", max_steps: 100000, log_every: 5, mlflow_uri: "{uri}"}}
 grid: {{lr: [1.0e-3, 3.0e-4]}}
 """)
-    # the store's tables made before the sweep starts: this test's polling client and the sweep
-    # creating them at once in a new SQLite file collided ("table ... already exists", CI)
-    MlflowClient(uri).search_experiments()
-    job = subprocess.Popen([sys.executable, "-m", "eae_platform.cli", "tune", "--space", str(space),
-                            "--address", ray_cluster.get_runtime_context().gcs_address],
-                           cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
+        # the store's tables made before the sweep starts: this test's polling client and the sweep
+        # creating them at once in a new SQLite file collided ("table ... already exists", CI)
+        MlflowClient(uri).search_experiments()
+        job = subprocess.Popen([sys.executable, "-m", "eae_platform.cli", "tune", "--space", str(space),
+                                "--address", ray_cluster.get_runtime_context().gcs_address],
+                               cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        return job, uri
 
-    def trial_runs():
+    def trial_runs(uri):
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("eae-qa")
         if exp is None:
             return []
         return [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
 
-    while not any("train/loss" in r.data.metrics for r in trial_runs()) and job.poll() is None:
-        assert time.time() < deadline, "no trial logged a training loss"
+    sweeps = {signal.SIGINT: start("ctrl-c"), signal.SIGTERM: start("sigterm")}
+    deadline = time.time() + 300
+    waiting = dict(sweeps)
+    while waiting:  # each sweep gets its signal once a trial has logged a training loss
+        for sig, (job, uri) in list(waiting.items()):
+            assert job.poll() is None, job.communicate()[0][-3000:]
+            if any("train/loss" in r.data.metrics for r in trial_runs(uri)):
+                job.send_signal(sig)
+                del waiting[sig]
+        assert time.time() < deadline, f"no trial logged a training loss in {sorted(map(str, waiting))}"
         time.sleep(1)
-    assert job.poll() is None, job.communicate()[0][-3000:]
-    job.send_signal(sig)
-    out, _ = job.communicate(timeout=180)
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("eae-qa").experiment_id])
-    (parent,) = [r for r in runs if r.data.tags.get("eae.task") == "qa-sweep"]
-    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert parent.info.run_name == "stopped" and parent.info.status == "KILLED", out[-3000:]
-    assert trials and all(r.info.status == "KILLED" for r in trials), [(r.info.run_name, r.info.status) for r in trials]
-    assert job.returncode != 0
-    # the log: a line per trial event, not Tune's status tables (those come with --verbose)
-    assert ": started" in out and "Trial status" not in out and "Configuration for experiment" not in out, out[-3000:]
+    for sig, (job, uri) in sweeps.items():
+        out, _ = job.communicate(timeout=180)
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("eae-qa").experiment_id])
+        (parent,) = [r for r in runs if r.data.tags.get("eae.task") == "qa-sweep"]
+        trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert parent.info.run_name == "stopped" and parent.info.status == "KILLED", (sig, out[-3000:])
+        assert trials and all(r.info.status == "KILLED" for r in trials), [(r.info.run_name, r.info.status) for r in trials]
+        assert job.returncode != 0
+        # the log: a line per trial event, not Tune's status tables (those come with --verbose)
+        assert ": started" in out and "Trial status" not in out and "Configuration for experiment" not in out, out[-3000:]

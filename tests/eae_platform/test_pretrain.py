@@ -14,31 +14,11 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from eae_model.checkpoint import load_model
-from eae_platform.preprocess.build import build, embedded_settings
 from eae_platform.pretrain import job
 from eae_platform.pretrain.config import load_pretrain_config
 from eae_platform.pretrain.job import run
 from eae_platform.tracking import download_model_dir
-
-STEPS = 16
-
-
-@pytest.fixture(scope="module")
-def wiki(ray_cluster, tmp_path_factory):
-    out = tmp_path_factory.mktemp("wiki")
-    build(embedded_settings(str(out), entities=3000, shard_rows=500))
-    return out
-
-
-def _config(wiki, tmp, name, **train):
-    overrides = [
-        "model.num_entities=3000", "model.max_length=128",
-        f"train.data={wiki}", f"train.storage_path={tmp / 'ray'}", f"train.name={name}",
-        "train.batch_size=16", f"train.max_steps={STEPS}", "train.lr=0.002", "train.num_workers=2",
-        "train.cpus_per_worker=0.5", "train.log_every=4", "train.checkpoint_every=4", "train.eval_batches=2",
-        f"train.mlflow_uri=sqlite:///{tmp / 'mlflow.db'}",
-    ] + [f"train.{k}={v}" for k, v in train.items()]
-    return load_pretrain_config(None, overrides, preset="tiny")
+from tests.eae_platform.conftest import STEPS, pretrain_config
 
 
 def _trace(tmp, name):
@@ -49,13 +29,6 @@ def _trace(tmp, name):
             r = json.loads(line)
             steps[rank, r["step"]] = r["ids"]
     return steps
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(wiki, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("run")
-    config = _config(wiki, tmp, "plain", out=str(tmp / "model"), register_as="eae-test")
-    return tmp, config, run(config)
 
 
 def test_two_workers_train_with_falling_loss(uninterrupted):
@@ -160,65 +133,62 @@ def _kill_rank_when(tmp, name, rank, step, sig=signal.SIGKILL):
     return thread, killed
 
 
-def test_killed_run_resumes_with_exactly_the_same_examples(wiki, uninterrupted, tmp_path):
-    """A run whose worker is SIGKILLed (max_failures 0) ends FAILED; relaunched with the same
-    name, its new workers start at the step of the killed run's checkpoint that Ray Train
-    resumes (not at step 0: the trace lines the relaunch wrote are read apart from the killed
-    run's), continue the same MLflow run, and end with the uninterrupted run's examples and
-    weights."""
+def test_a_paused_then_killed_run_resumes_each_time_with_exactly_the_same_examples(wiki, uninterrupted, tmp_path):
+    """One run stopped twice, relaunched with the same name each time:
+    1. out of time (train.time_budget_s): it stops at its first log window with a checkpoint,
+       its MLflow run KILLED (tag eae.paused_at_step);
+    2. the relaunch starts at that step; its worker is SIGKILLed (max_failures 0) and the run
+       ends FAILED;
+    3. the second relaunch's new workers start at the step of the checkpoint Ray Train resumes
+       (not at step 0: each launch's trace lines are read apart from the earlier ones').
+    All three are one MLflow run, which ends FINISHED, with the uninterrupted run's examples
+    and weights."""
     plain_tmp, _, plain = uninterrupted
-    config = _config(wiki, tmp_path, "killed", out=str(tmp_path / "model"), register_as="")
-    watcher, killed = _kill_rank_when(tmp_path, "killed", rank=1, step=9)
-    with pytest.raises(Exception):
-        run(config)  # max_failures = 0: the run dies with its worker
-    watcher.join(timeout=5)
-    assert killed["step"] >= 9 and max(s for _, s in _trace(tmp_path, "killed")) < STEPS - 1  # it really stopped early
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (failed,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
-    assert failed.info.status == "FAILED"  # not left RUNNING by the killed workers
-    # the checkpoint the relaunch resumes: the killed run's latest that Ray Train registered,
-    # one past step 0 (which a relaunch that ignored it would redo)
-    checkpoint = _registered_checkpoint(tmp_path, "killed")
-    assert checkpoint is not None and 0 < checkpoint <= killed["step"] + 1, (checkpoint, killed)
-    before = {rank: _records(tmp_path, "killed", rank) for rank in (0, 1)}
-    resumed = run(_config(wiki, tmp_path, "killed", out=str(tmp_path / "model"), register_as=""))  # relaunch, same name
-    assert resumed["mlflow_run_id"] == failed.info.run_id  # the checkpoint's MLflow run goes on, and ends well
-    assert client.get_run(failed.info.run_id).info.status == "FINISHED"
-    for rank in (0, 1):
-        # the relaunch's own records, after the killed run's: new processes that start at the
-        # checkpoint's step, not at step 0, and run each step after it once
-        records = _records(tmp_path, "killed", rank)
-        assert records[: len(before[rank])] == before[rank]
-        relaunched = records[len(before[rank]):]
-        assert {r["pid"] for r in relaunched}.isdisjoint(r["pid"] for r in before[rank])
-        assert [r["step"] for r in relaunched] == list(range(checkpoint, STEPS)), (rank, checkpoint)
-    assert _trace(tmp_path, "killed") == _trace(plain_tmp, "plain")
-    # same examples, same masks, same RNG: the same model as the uninterrupted run
-    resumed, reference = load_model(tmp_path / "model"), load_model(plain["model"])
-    for (name, a), (_, b) in zip(resumed.state_dict().items(), reference.state_dict().items()):
-        torch.testing.assert_close(a, b, msg=name)
 
+    def relaunch(**train):
+        return run(pretrain_config(wiki, tmp_path, "stopped", out=str(tmp_path / "model"), register_as="", **train))
 
-def test_a_run_out_of_time_pauses_and_its_relaunch_continues_from_the_pause(wiki, uninterrupted, tmp_path):
-    """train.time_budget_s: the run stops at its first log window with a checkpoint and its
-    MLflow run KILLED (tag eae.paused_at_step); the relaunch starts at that step, in the same
-    MLflow run, and ends with the uninterrupted run's examples and weights."""
-    plain_tmp, _, plain = uninterrupted
-    paused = run(_config(wiki, tmp_path, "budget", out=str(tmp_path / "model"), register_as="", time_budget_s=1e-6))
+    def records():
+        return {rank: _records(tmp_path, "stopped", rank) for rank in (0, 1)}
+
+    def new_records(before):
+        """Each rank's records since `before`, written by processes that are all new."""
+        now, added = records(), {}
+        for rank in (0, 1):
+            assert now[rank][: len(before[rank])] == before[rank]
+            added[rank] = now[rank][len(before[rank]):]
+            assert {r["pid"] for r in added[rank]}.isdisjoint(r["pid"] for r in before[rank])
+        return added
+
+    paused = relaunch(time_budget_s=1e-6)
     assert paused["paused_at_step"] == 4 and paused["model"] is None and not (tmp_path / "model").exists()
-    trace = tmp_path / "ray" / "budget" / "examples-rank0.jsonl"
-    assert [json.loads(x)["step"] for x in trace.read_text().splitlines()] == [0, 1, 2, 3]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [r["step"] for r in _records(tmp_path, "stopped", 0)] == [0, 1, 2, 3]
     (first,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
     assert first.info.status == "KILLED" and first.data.tags["eae.paused_at_step"] == "4"
 
-    done = run(_config(wiki, tmp_path, "budget", out=str(tmp_path / "model"), register_as=""))
-    records = [json.loads(x) for x in trace.read_text().splitlines()]
-    relaunched = [r["step"] for r in records if r["pid"] != records[0]["pid"]]
-    assert relaunched[0] == 4 and relaunched == list(range(4, STEPS))  # from the pause's checkpoint
-    assert done["paused_at_step"] is None and done["mlflow_run_id"] == first.info.run_id
+    before = records()
+    watcher, killed = _kill_rank_when(tmp_path, "stopped", rank=1, step=9)
+    with pytest.raises(Exception):
+        relaunch()  # max_failures = 0: the run dies with its worker
+    watcher.join(timeout=5)
+    for rank, steps in new_records(before).items():  # from the pause's checkpoint, until the kill
+        assert [r["step"] for r in steps] == list(range(4, 4 + len(steps))), rank
+    assert killed["step"] >= 9 and max(s for _, s in _trace(tmp_path, "stopped")) < STEPS - 1  # it really stopped early
+    assert client.get_run(first.info.run_id).info.status == "FAILED"  # not left RUNNING by the killed workers
+    # the checkpoint the relaunch resumes: the killed run's latest that Ray Train registered,
+    # past the pause's (which a relaunch that ignored the new one would redo)
+    checkpoint = _registered_checkpoint(tmp_path, "stopped")
+    assert checkpoint is not None and 4 < checkpoint <= killed["step"] + 1, (checkpoint, killed)
+
+    before = records()
+    done = relaunch()
+    assert done["paused_at_step"] is None and done["mlflow_run_id"] == first.info.run_id  # one MLflow run throughout
     assert client.get_run(first.info.run_id).info.status == "FINISHED"
-    assert _trace(tmp_path, "budget") == _trace(plain_tmp, "plain")
+    for rank, steps in new_records(before).items():  # each step after the checkpoint once
+        assert [r["step"] for r in steps] == list(range(checkpoint, STEPS)), (rank, checkpoint)
+    assert _trace(tmp_path, "stopped") == _trace(plain_tmp, "plain")
+    # same examples, same masks, same RNG: the same model as the uninterrupted run
     resumed, reference = load_model(tmp_path / "model"), load_model(plain["model"])
     for (name, a), (_, b) in zip(resumed.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
@@ -230,8 +200,8 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     unchanged, and the experiment on a PostgreSQL-backed server holds one run, FINISHED, with
     every step's metrics once."""
     plain_tmp, _, _ = uninterrupted
-    config = _config(wiki, tmp_path, "crash", max_failures=1, mlflow_uri=server.url, register_as="eae-pg",
-                     out=str(tmp_path / "model"))
+    config = pretrain_config(wiki, tmp_path, "crash", max_failures=1, mlflow_uri=server.url, register_as="eae-pg",
+                             out=str(tmp_path / "model"))
     # killed at step 10: Ray Train registers a reported checkpoint asynchronously, and a kill two
     # steps after the first one (step 6) once found none and restarted from step 0 (a CI run)
     watcher, killed = _kill_rank_when(tmp_path, "crash", rank=0, step=10)
@@ -266,16 +236,16 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
 
 
 def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupted, server, tmp_path):
-    """The PostgreSQL-backed MLflow server is killed while rank 0 is logging (at step 3 of 16)
-    and restarted at once; it answers again only after rank 0 has logged a window (its start
-    takes seconds, a step a fraction of one), so that window falls in the outage. The run queues what it cannot send
-    and ends FINISHED on the server with every window's metrics once, the same values as the
-    uninterrupted run, its config and its registered model."""
+    """The PostgreSQL-backed MLflow server is killed while rank 0 trains (at step 3 of 16) and
+    restarted only once rank 0 has begun the step after the next log window, so that window
+    went to a dead server (its log call gives up after the tracker's few quick retries). The
+    run queues what it cannot send and ends FINISHED on the server with every window's metrics
+    once, the same values as the uninterrupted run, its config and its registered model."""
     plain_tmp, _, plain = uninterrupted
-    config = _config(wiki, tmp_path, "outage", mlflow_uri=server.url, register_as="eae-outage",
+    config = pretrain_config(wiki, tmp_path, "outage", mlflow_uri=server.url, register_as="eae-outage",
                      out=str(tmp_path / "model"))
     trace = tmp_path / "ray" / "outage" / "examples-rank0.jsonl"
-    outage = {}
+    outage, finished = {}, threading.Event()
 
     def kill_then_restart():
         deadline = time.time() + 600
@@ -284,8 +254,14 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
             if steps and steps[-1] >= 3:
                 server.kill()
                 outage["down"] = steps[-1]
-                server.start()  # returns once the server answers /health
+                # the first window logged after the kill ends step index w - 1; waiting for step
+                # index w to begin means its log call has failed and queued (a restart at once
+                # could answer the call's own retries: CI saw that)
+                w = next((w for w in (4, 8, 12, 16) if w - 1 >= steps[-1]), 16)
+                while not finished.is_set() and _records(tmp_path, "outage", 0)[-1]["step"] < w:
+                    time.sleep(0.1)
                 outage["up"] = _records(tmp_path, "outage", 0)[-1]["step"]
+                server.start()  # returns once the server answers /health
                 return
             time.sleep(0.1)
 
@@ -294,11 +270,12 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
     try:
         summary = run(config)
     finally:
+        finished.set()
         thread.join(timeout=300)
         if server.proc is None:  # the restart failed: the module's server comes back for the next tests
             server.start()
     # a window (logged at the end of step index w - 1) went to a dead server: killed no later than
-    # that step began, back only after it ended
+    # that step began, restarted only after the next one began
     assert any(outage.get("down", 99) <= w - 1 < outage.get("up", 0) for w in (4, 8, 12, 16)), (
         outage, trace.read_text()[-500:])
     client = MlflowClient(server.url)
@@ -312,34 +289,46 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
     assert client.get_model_version_by_alias("eae-outage", "pretrained").run_id == r.info.run_id
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp_path, sig):
+def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp_path):
     """`eae pretrain` (as `ray job submit -- python jobs/pretrain.py` runs it) stopped mid-run by
-    Ctrl-C (SIGINT, which Ray Train answers by aborting its workers and sys.exit) or by
-    `ray job stop` (SIGTERM, which Ray's driver turns into sys.exit): its MLflow run ends KILLED,
-    not RUNNING."""
+    Ctrl-C (SIGINT, which Ray Train answers by aborting its workers and sys.exit) and, in a
+    second job beside it, by `ray job stop` (SIGTERM, which Ray's driver turns into sys.exit):
+    each one's MLflow run ends KILLED, not RUNNING. (Side by side: one job's start-up, most of
+    its time, overlaps the other's.)"""
     import subprocess
     import sys
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    command = [sys.executable, "jobs/pretrain.py", "--preset", "tiny", "--data", str(wiki), "--name", "stopped",
-               "--address", ray_cluster.get_runtime_context().gcs_address, "--max-steps", "400",
-               *(x for o in ("model.num_entities=3000", "model.max_length=128", f"train.storage_path={tmp_path / 'ray'}",
-                             "train.batch_size=16", "train.cpus_per_worker=0.5", "train.log_every=4",
-                             "train.checkpoint_every=100", "train.eval_batches=2", f"train.mlflow_uri={uri}")
-                 for x in ("--set", o))]
-    job = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    trace = tmp_path / "ray" / "stopped" / "examples-rank0.jsonl"
+    def start(name):
+        uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
+        # one worker each: two jobs' workers and their data reads fit the session's 2 CPUs
+        command = [sys.executable, "jobs/pretrain.py", "--preset", "tiny", "--data", str(wiki), "--name", name,
+                   "--address", ray_cluster.get_runtime_context().gcs_address, "--max-steps", "400",
+                   "--num-workers", "1",
+                   *(x for o in ("model.num_entities=3000", "model.max_length=128",
+                                 f"train.storage_path={tmp_path / name / 'ray'}", "train.batch_size=16",
+                                 "train.cpus_per_worker=0.5", "train.log_every=4", "train.checkpoint_every=100",
+                                 "train.eval_batches=2", f"train.mlflow_uri={uri}")
+                     for x in ("--set", o))]
+        (tmp_path / name).mkdir()
+        job = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        return job, uri, tmp_path / name / "ray" / name / "examples-rank0.jsonl", name
+
+    jobs = {signal.SIGINT: start("ctrl-c"), signal.SIGTERM: start("sigterm")}
     deadline = time.time() + 300
-    while not (trace.is_file() and len(trace.read_text().splitlines()) >= 3) and job.poll() is None:
+    waiting = dict(jobs)
+    while waiting:  # each job gets its signal once it has taken 3 steps
+        for sig, (job, _, trace, _) in list(waiting.items()):
+            if job.poll() is not None or (trace.is_file() and len(trace.read_text().splitlines()) >= 3):
+                job.send_signal(sig)
+                del waiting[sig]
         assert time.time() < deadline, "the pretraining never got to step 3"
         time.sleep(0.5)
-    job.send_signal(sig)
-    out, _ = job.communicate(timeout=120)
-    client = MlflowClient(uri)
-    (r,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
-    assert r.info.run_name == "stopped" and r.info.status == "KILLED", out[-3000:]
+    for sig, (job, uri, _, name) in jobs.items():
+        out, _ = job.communicate(timeout=120)
+        client = MlflowClient(uri)
+        (r,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
+        assert r.info.run_name == name and r.info.status == "KILLED", (sig, out[-3000:])
 
 
 def _sharded_table_worker(config):

@@ -21,11 +21,11 @@ def _stage(name, env, *args):
 
 def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
-           "WORLDS": "300r2", "SEEDS": "0", "STEPS": "100", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
+           "WORLDS": "300r2", "SEEDS": "0", "STEPS": "40", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli"}
     assert _stage("data", env).returncode == 0
     done = _stage("pretrain", env)
-    assert done.returncode == 0 and done.stdout.count("finished at step 100") == 2, done.stdout + done.stderr
+    assert done.returncode == 0 and done.stdout.count("finished at step 40") == 2, done.stdout + done.stderr
     built = json.loads((tmp_path / "study" / "data" / "w300r2" / "manifest.json").read_text())["settings"]
     assert built["paragraph_contexts"] and built["dev_fraction"] == 0.05
     assert "== Overview ==" in (tmp_path / "study" / "worlds" / "w300r2" / "world.xml").read_text()
@@ -42,7 +42,7 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout
     # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
-    assert "| 300, facts stated 2x | small |" in out and "396,544" in out and "100 x 16" in out
+    assert "| 300, facts stated 2x | small |" in out and "396,544" in out and "40 x 16" in out
     rows = [line for line in out.splitlines() if line.startswith("| 300, facts stated 2x | small | ")]
     # settings, one row per model, the gap, EaE with its memory output zeroed against No-EaE and
     # against itself, EaE against K

@@ -1,0 +1,43 @@
+"""The pretraining run that several modules compare against: 2 workers with the sharded entity
+table, 16 steps of the tiny preset on the gensim Wikipedia sample, once per test session
+(test_pretrain.py resumes and crashes runs against it; test_multinode.py runs it over two nodes)."""
+
+import pytest
+
+from eae_platform.preprocess.build import build, embedded_settings
+from eae_platform.pretrain.config import load_pretrain_config
+from eae_platform.pretrain.job import run
+
+STEPS = 16
+
+
+@pytest.fixture(scope="session")
+def wiki(ray_cluster, tmp_path_factory):
+    """The gensim sample built with 3,000 entities in files of 500 contexts."""
+    out = tmp_path_factory.mktemp("wiki")
+    build(embedded_settings(str(out), entities=3000, shard_rows=500))
+    return out
+
+
+def pretrain_overrides(wiki, tmp, name, **train) -> list[str]:
+    """The `--set` overrides of the reference run (tiny preset), then `train.<key>=<value>` for each of train."""
+    return [
+        "model.num_entities=3000", "model.max_length=128",
+        f"train.data={wiki}", f"train.storage_path={tmp / 'ray'}", f"train.name={name}",
+        "train.batch_size=16", f"train.max_steps={STEPS}", "train.lr=0.002", "train.num_workers=2",
+        "train.cpus_per_worker=0.5", "train.log_every=4", "train.checkpoint_every=4", "train.eval_batches=2",
+        f"train.mlflow_uri=sqlite:///{tmp / 'mlflow.db'}",
+    ] + [f"train.{k}={v}" for k, v in train.items()]
+
+
+def pretrain_config(wiki, tmp, name, **train):
+    return load_pretrain_config(None, pretrain_overrides(wiki, tmp, name, **train), preset="tiny")
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(wiki, tmp_path_factory):
+    """(dir, config, summary) of the reference run on the session's one-node cluster, named
+    "plain", its final model in dir/model, registered as models:/eae-test@pretrained."""
+    tmp = tmp_path_factory.mktemp("run")
+    config = pretrain_config(wiki, tmp, "plain", out=str(tmp / "model"), register_as="eae-test")
+    return tmp, config, run(config)

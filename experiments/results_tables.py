@@ -484,17 +484,19 @@ def gap_cell(gap, lower_is_better: bool = False) -> str:
 
 
 def print_ablations(groups: dict) -> None:
-    """EaE against its ablations, paired by seed: EaE − EaE-unsup (no entity-linking
-    supervision of the memory, Table 2) on every shared metric, and ABLATIONS within EaE."""
+    """EaE against its ablations, paired by seed, on every shared metric: EaE − EaE-unsup (no
+    entity-linking supervision of the memory) and EaE − MM (the paper's Table 2 rows); then
+    ABLATIONS within EaE."""
     settings = sorted({(w, z) for (w, z, v) in groups if v == "eae"})
-    rows = []
-    for w, z in settings:
-        eae, unsup = groups[(w, z, "eae")], groups.get((w, z, "eae_unsup"))
-        if unsup:
-            rows.append([world_label(w), z] + [gap_cell(paired_gap(eae, k, unsup, k), k == "masked_ppl") for k in PAIRED])
-    if rows:
-        print("### EaE − EaE-unsup, paired by seed: mean gap [95% t-interval] (points)\n")
-        print(table(["world", "transformer"] + [METRICS[k][2] for k in PAIRED], rows) + "\n")
+    for variant, label in (("eae_unsup", "EaE-unsup"), ("mm", "MM")):
+        rows = []
+        for w, z in settings:
+            eae, other = groups[(w, z, "eae")], groups.get((w, z, variant))
+            if other:
+                rows.append([world_label(w), z] + [gap_cell(paired_gap(eae, k, other, k), k == "masked_ppl") for k in PAIRED])
+        if rows:
+            print(f"### EaE − {label}, paired by seed: mean gap [95% t-interval] (points)\n")
+            print(table(["world", "transformer"] + [METRICS[k][2] for k in PAIRED], rows) + "\n")
     cross = [("memory_off_recall", "recall_stated"), ("memory_off_qa_em", "qa_em"), ("memory_off_qa_em_stated", "qa_em_stated")]
     rows = []
     for w, z in settings:

@@ -23,7 +23,7 @@ from pathlib import Path
 from eae_data.synth import write_world
 from eae_data.wikidump import embedded_dump_path
 from eae_model.config import load_config
-from eae_platform import evaluate
+from eae_platform import evaluate, task_stop
 from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
@@ -288,6 +288,11 @@ def _add_pretrain(commands) -> None:
 # ----------------------------------------------------------------------------- eae finetune, eval: one Ray task
 
 
+# How long a stopped command waits for its task's loop to stop at a step (task_stop.check)
+# before Ray's cancel interrupts it wherever it is; a fine-tuning step takes well under a second.
+STOP_WAIT_S = 20.0
+
+
 def _run_in_ray_task(fn, config, args: argparse.Namespace):
     """fn(config) as a Ray task of args.cpus CPUs (torch's threads too) and args.gpus GPUs
     (default: 1 when the cluster has one), on the cluster of --address / RAY_ADDRESS (else a
@@ -299,53 +304,31 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     cpus = args.cpus
     gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
 
-    def task(config, channel):
+    def task(config, channel, stop):
         import torch  # heavy, and needed in the task only
 
         attach(channel)
         torch.set_num_threads(max(1, int(cpus)))
-        return fn(config)
+        with task_stop.watching(stop):
+            return fn(config)
 
     try:
         with relay() as channel:  # the task's progress lines, printed here
-            ref = ray.remote(num_cpus=cpus, num_gpus=gpus)(task).remote(config, channel)
+            stop = task_stop.new_flag()
+            ref = ray.remote(num_cpus=cpus, num_gpus=gpus)(task).remote(config, channel, stop)
             try:
                 return ray.get(ref)
             except (KeyboardInterrupt, SystemExit):
-                # Ctrl-C, or SIGTERM (which Ray's driver turns into sys.exit): interrupt the task as
+                # Ctrl-C, or SIGTERM (which Ray's driver turns into sys.exit): stop the task as
                 # well (a KeyboardInterrupt inside it, so that its MLflow run ends KILLED) and let
-                # it finish that before this driver exits, when Ray would kill it without cleanup
-                _cancel(ray, ref)
+                # it finish that before this driver exits, when Ray would kill it without cleanup:
+                # its loop stops at its next step (task_stop), else Ray's cancel interrupts it
+                stop.set.remote()
+                if not ray.wait([ref], timeout=STOP_WAIT_S)[0]:
+                    task_stop.cancel(ray, ref)
                 raise
     except ray.exceptions.RayTaskError as error:
         raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError, LookupError)) else error
-
-
-def _cancel(ray, ref, wait_s: float = 60.0, every_s: float = 5.0) -> bool:
-    """Cancel the task of `ref` and wait up to `wait_s` for it to end; True if it did. Ray's
-    cancel is one KeyboardInterrupt in the task (`_thread.interrupt_main`), which ends its MLflow
-    run KILLED; Python drops one that meets a finalizer (a __del__, a weakref callback: "Exception
-    ignored in ..."), and the task trains on: a stopped `eae finetune` once never exited (CI).
-    So it is sent again every `every_s` until the task ends; after `wait_s`, a forced cancel
-    (no cleanup in the task, but this driver exits)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            ray.cancel(ref)
-        except Exception:  # noqa: BLE001 - the task ended meanwhile
-            pass
-        ready, _ = ray.wait([ref], timeout=max(0.0, min(every_s, deadline - time.monotonic())))
-        if ready:
-            return True
-        if time.monotonic() >= deadline:
-            print(f"eae: the task did not stop within {wait_s:.0f} s of its cancel: killing it", file=sys.stderr,
-                  flush=True)
-            try:
-                ray.cancel(ref, force=True)
-                ray.wait([ref], timeout=10)
-            except Exception:  # noqa: BLE001 - best effort: relay's bounded drain ends this driver anyway
-                pass
-            return False
 
 
 def _finetune_qa(args: argparse.Namespace) -> int:

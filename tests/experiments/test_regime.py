@@ -105,3 +105,30 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert pair["fanoutqa single-hop test EM"] == "+12.5 [-82.8, +107.8] ~ (seeds=2)", pair
     assert pair["masked PPL"].startswith("+0.0 ")
     assert "| wvital" not in tables.stdout.split("## Real text")[0]  # no synthetic table row for them
+
+
+def test_eae_is_paired_by_seed_with_eae_unsup_and_with_mm(capsys):
+    """print_ablations on hand-set per-seed figures: EaE − EaE-unsup and EaE − MM, each the mean
+    of the per-seed gaps with its t-interval and verdict (Table 2's rows). By hand: gaps 10, 11,
+    9 points: mean 10, sd 1, half-width 4.303 x 1 / sqrt 3 = 2.5; gaps -1, 2, -3: mean -0.7,
+    sd 2.52, half-width 6.25."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    world = (5000, 1)
+
+    def group(qa_em):  # QA test EM per seed 0, 1, 2; every other metric missing
+        g = {k: [None] * 3 for k in tables.METRICS}
+        return {**g, "seeds": [0, 1, 2], "qa_em": qa_em}
+
+    groups = {(world, "small", "eae"): group([0.30, 0.32, 0.34]), (world, "small", "eae_unsup"): group([0.20, 0.21, 0.25]),
+              (world, "small", "mm"): group([0.31, 0.30, 0.37])}
+    tables.print_ablations(groups)
+    out = capsys.readouterr().out
+    column = [tables.METRICS[k][2] for k in tables.PAIRED].index("QA test EM")
+    for label, gap in (("EaE-unsup", "+10.0 [+7.5, +12.5] ✓ (seeds=3)"), ("MM", "-0.7 [-6.9, +5.6] ~ (seeds=3)")):
+        section = out.split(f"### EaE − {label}, paired by seed")[1].split("###")[0]
+        row = next(r for r in section.splitlines() if r.startswith("| 5,000 | small |")).strip(" |").split(" | ")
+        assert row[2 + column] == gap, (label, row)

@@ -30,6 +30,7 @@ import torch
 from eae_data.tokenizer import WordPieceTokenizer
 from eae_model.mentions import Mentions
 from eae_model.model import EaEModel
+from eae_platform import task_stop
 from eae_platform.evaluate.probes import MASK, Probe
 
 
@@ -90,6 +91,7 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
     model.eval()
     rows = []
     for i in range(0, len(encoded), batch_size):
+        task_stop.check()  # the command was stopped
         chunk = encoded[i : i + batch_size]
         length = max(len(e.ids) for e in chunk)
         ids = torch.zeros((len(chunk), length), dtype=torch.long)

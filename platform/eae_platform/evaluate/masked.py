@@ -23,6 +23,7 @@ import torch
 
 from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
+from eae_platform import task_stop
 from eae_platform.pretrain import data
 
 DEFAULT_K = object()  # the model's own k_inference
@@ -53,6 +54,7 @@ def masked_metrics(model: EaEModel, batches, device: torch.device, k: int | None
     sums: dict[str, float] = defaultdict(float)
     model.eval()
     for batch in batches:
+        task_stop.check()  # the command was stopped
         batch = batch.to(device)
         out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels, **kwargs)
         add_masked_prediction(sums, model, out, batch.input_ids, batch.mentions, batch.mlm_labels)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from eae_model.model import EaEModel
+from eae_platform import task_stop
 
 SPLITS = ("train", "dev", "test")
 
@@ -78,6 +79,7 @@ def train(classifier: PositionClassifier, examples: list[Example], loss_fn, conf
     classifier.train()
     window = 0.0
     for step in range(1, config.steps + 1):
+        task_stop.check()  # the command was stopped
         chunk = [examples[i] for i in next(batches)]
         logits = classifier(*collate(chunk, device))
         loss = loss_fn(logits, [e.target for e in chunk])

@@ -44,6 +44,7 @@ from eae_model.config import EaEConfig
 from eae_model.model import EaEModel
 from eae_model.mentions import Mentions
 from eae_model.qa.encode import EncodedQuestion, QAEncoder
+from eae_platform import task_stop
 from eae_platform.finetune.config import FinetuneConfig
 
 Report = Callable[[dict, "Path | None"], None]  # (metrics, final model dir or None)
@@ -248,6 +249,7 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
     window, window_steps, start = {}, 0, time.perf_counter()
     model.train()
     for step in range(1, steps + 1):
+        task_stop.check()  # the command was stopped (Ctrl-C, SIGTERM): KILLED, at a step's boundary
         batch = task.encoder.collate([train[i] for i in next(batches)]).to(device)
         with _autocast(device):
             out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, bio_labels=batch.bio_labels)

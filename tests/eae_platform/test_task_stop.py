@@ -1,14 +1,41 @@
-"""A stopped `eae finetune` / `eae eval` ends in bounded time (cli._cancel, progress.relay):
-the task's cancel is sent again when the task did not stop (Ray's cancel is one
-KeyboardInterrupt, which Python drops where it meets a finalizer), and the driver's progress
-relay stops printing once its block has ended even while a task keeps sending lines."""
+"""A stopped `eae finetune` / `eae eval` stops its Ray task, and its driver ends in bounded time
+(eae_platform.task_stop, progress.relay): the task's loop stops at a step once the driver sets
+its flag, even where the process ignores SIGINT (which Ray's cancel relies on); Ray's cancel
+is sent again when one is lost; the driver's progress relay stops printing once its block has
+ended even while a task keeps sending lines."""
 
 import signal
 import threading
 import time
 
-from eae_platform import progress
-from eae_platform.cli import _cancel
+from eae_platform import progress, task_stop
+
+
+def test_a_task_stops_at_a_step_once_its_flag_is_set_even_ignoring_sigint(ray_cluster):
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    def training(flag):
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ray's cancel cannot reach it
+        try:
+            with task_stop.watching(flag, every_s=0.1):
+                for step in range(1200):  # a minute of steps unless stopped
+                    task_stop.check()
+                    time.sleep(0.05)
+            return f"trained {step + 1} steps"
+        except KeyboardInterrupt:
+            return "stopped"
+        finally:
+            signal.signal(signal.SIGINT, previous)  # the worker process is reused
+
+    flag = task_stop.new_flag()
+    ref = training.remote(flag)
+    time.sleep(2)  # training
+    ray.cancel(ref)  # lost: the task ignores SIGINT
+    assert not ray.wait([ref], timeout=2)[0]
+    flag.set.remote()
+    assert ray.get(ref, timeout=20) == "stopped"
+    task_stop.check()  # this process was never told to stop
 
 
 def test_a_cancel_the_task_lost_is_sent_again(ray_cluster):
@@ -38,7 +65,7 @@ def test_a_cancel_the_task_lost_is_sent_again(ray_cluster):
     ref = loses_its_first_interrupt.remote()
     time.sleep(3)  # running: a worker took it
     started = time.monotonic()
-    assert _cancel(ray, ref, wait_s=30, every_s=1)
+    assert task_stop.cancel(ray, ref, wait_s=30, every_s=1)
     assert time.monotonic() - started < 15
     try:
         ray.get(ref)

@@ -304,18 +304,17 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     cpus = args.cpus
     gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
 
-    def task(config, channel, stop):
+    def task(config, channel):
         import torch  # heavy, and needed in the task only
 
         attach(channel)
         torch.set_num_threads(max(1, int(cpus)))
-        with task_stop.watching(stop):
+        with task_stop.watching(channel):
             return fn(config)
 
     try:
-        with relay() as channel:  # the task's progress lines, printed here
-            stop = task_stop.new_flag()
-            ref = ray.remote(num_cpus=cpus, num_gpus=gpus)(task).remote(config, channel, stop)
+        with relay() as channel:  # the task's progress lines, printed here, and its stop
+            ref = ray.remote(num_cpus=cpus, num_gpus=gpus)(task).remote(config, channel)
             try:
                 return ray.get(ref)
             except (KeyboardInterrupt, SystemExit):
@@ -323,7 +322,7 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
                 # well (a KeyboardInterrupt inside it, so that its MLflow run ends KILLED) and let
                 # it finish that before this driver exits, when Ray would kill it without cleanup:
                 # its loop stops at its next step (task_stop), else Ray's cancel interrupts it
-                stop.set.remote()
+                channel.stop.remote()
                 if not ray.wait([ref], timeout=STOP_WAIT_S)[0]:
                     task_stop.cancel(ray, ref)
                 raise

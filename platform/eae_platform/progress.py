@@ -5,7 +5,7 @@ At the default verbosity a command's driver does not stream the output of its Ra
 reports, Ray Data's execution plans and Ray's own warnings stay in the session's log files,
 whose directory the command names once. The lines meant for the user (one per logging window,
 from rank 0 of a pretraining or from the task that fine-tunes or evaluates) come to the driver
-through a Ray queue (`relay`) and are printed there once. `--verbose` (EAE_VERBOSE=1) streams
+through an actor (`relay`) and are printed there once. `--verbose` (EAE_VERBOSE=1) streams
 everything, as Ray does by default. A pretraining's line, of a log window or of a dev
 evaluation, is `progress_line`'s, from the metrics it logs.
 """
@@ -18,49 +18,72 @@ from contextlib import contextmanager
 
 VERBOSE_ENV = "EAE_VERBOSE"
 
-_channel = None  # this process's relay queue, set by `attach`
-DRAIN_S = 10.0  # how long `relay` still prints queued lines once its block has ended
+_channel = None  # this process's relay channel, set by `attach`
+DRAIN_S = 70.0  # the most `relay` waits for its last lines once its block has ended (a take's timeout and more)
 
 
 def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV) == "1"
 
 
+class Channel:
+    """The actor behind `relay`: the lines a task or rank 0 says (`put`), which the driver takes
+    and prints, and the driver's stop (`stop`), which a task watches (task_stop.watching). One
+    actor for both: an actor is a process of its own, ~0.5 s to start (2 idle cores)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.stopped = False
+
+    def put(self, line: str) -> None:
+        self.lines.append(line)
+
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def is_stopped(self) -> bool:
+        return self.stopped
+
+
 @contextmanager
-def relay():
-    """A queue whose lines (`say` in a process that `attach`ed it) the driver prints as they
-    come, until the block ends; then the rest, and the queue's actor stops."""
-    from queue import Empty
+def relay(poll_s: float = 0.2):
+    """A `Channel` whose lines (`say` in a process that `attach`ed it) the driver prints as they
+    come, until the block ends; then the rest, and the channel's actor stops."""
+    import ray
 
-    from ray.util.queue import Queue
-
-    queue = Queue(actor_options={"num_cpus": 0})  # holds no CPU that training or Ray Data needs
+    channel = ray.remote(num_cpus=0)(Channel).remote()  # holds no CPU that training or Ray Data needs
     done = threading.Event()
 
     def pump():
         while True:
+            last = done.is_set()  # every line was put before the block ended (put waits)
             try:
-                print(queue.get(timeout=0.5), flush=True)
-            except Empty:
-                if done.is_set():  # every line was put before the block ended (put waits)
-                    return
-            except Exception:  # noqa: BLE001 - the queue's actor is gone (shut down below)
+                lines = ray.get(channel.take.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - the actor is gone (killed below, or its node died)
                 return
+            for line in lines:
+                print(line, flush=True)
+            if last:  # one take after the end: a task that outlives the block cannot hold it open
+                return
+            if not lines:
+                done.wait(poll_s)
 
     thread = threading.Thread(target=pump, name="eae-progress", daemon=True)
     thread.start()
     try:
-        yield queue
+        yield channel
     finally:
         done.set()
-        # bounded: a task that outlived the block (never cancelled, or killed mid-put) would
-        # keep the queue from ever being empty, and an unbounded join from ever returning
         thread.join(timeout=DRAIN_S)
-        queue.shutdown()
+        ray.kill(channel)
 
 
 def attach(channel) -> None:
-    """Send this process's `say` lines to `channel` (a `relay` queue; None: print them)."""
+    """Send this process's `say` lines to `channel` (a `relay`'s; None: print them)."""
     global _channel
     _channel = channel
 
@@ -68,7 +91,9 @@ def attach(channel) -> None:
 def say(line: str) -> None:
     """Show `line` to the user: through the driver's relay when attached, else on stdout."""
     if _channel is not None:
-        _channel.put(line)
+        import ray
+
+        ray.get(_channel.put.remote(line))
     else:
         print(line, flush=True)
 

@@ -5,9 +5,9 @@ command is stopped (Ctrl-C; SIGTERM from `ray job stop` or a scheduler) the task
 and end its MLflow run KILLED. Ray's own cancel is a KeyboardInterrupt that a signal handler
 raises in the task's process, and CI saw it lost again and again (a stopped fine-tuning went on
 training for a minute through twelve cancels, in a full test session; never in 30 runs alone).
-So the driver sets a flag (`new_flag`, an actor), a thread in the task copies it into the
-task's process (`watching`), and the task's loop calls `check()` at each step: the
-KeyboardInterrupt comes from the loop itself. `cancel` (Ray's cancel, sent again until the
+So the driver says stop on its progress channel (progress.relay, an actor), a thread in the
+task copies that into the task's process (`watching`), and the task's loop calls `check()` at
+each step: the KeyboardInterrupt comes from the loop itself. `cancel` (Ray's cancel, sent again until the
 task ends, then forced) remains for loops that do not check.
 """
 
@@ -18,7 +18,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-_stopped = threading.Event()  # set in a task's process once its driver has set the flag
+_stopped = threading.Event()  # set in a task's process once its driver said stop (`watching`)
 
 
 def check() -> None:
@@ -27,28 +27,11 @@ def check() -> None:
         raise KeyboardInterrupt("the command was stopped")
 
 
-def new_flag():
-    """A stop flag for one task: an actor (no CPU) with set() and is_set()."""
-    import ray
-
-    @ray.remote(num_cpus=0)
-    class StopFlag:
-        def __init__(self):
-            self.stopped = False
-
-        def set(self) -> None:
-            self.stopped = True
-
-        def is_set(self) -> bool:
-            return self.stopped
-
-    return StopFlag.remote()
-
-
 @contextmanager
-def watching(flag, every_s: float = 0.5):
-    """In a task: while the block runs, a thread asks `flag` every `every_s` seconds and, once
-    it is set, makes `check()` raise. The process is reused for other tasks: cleared after."""
+def watching(channel, every_s: float = 0.5):
+    """In a task: while the block runs, a thread asks the driver's `channel` (progress.relay's)
+    every `every_s` seconds whether the command was stopped and, once it was, makes `check()`
+    raise. The process is reused for other tasks: cleared after."""
     import ray
 
     _stopped.clear()
@@ -57,10 +40,10 @@ def watching(flag, every_s: float = 0.5):
     def watch():
         while not done.wait(every_s):
             try:
-                if ray.get(flag.is_set.remote(), timeout=30):
+                if ray.get(channel.is_stopped.remote(), timeout=30):
                     _stopped.set()
                     return
-            except Exception:  # noqa: BLE001 - the flag's driver is gone: nothing will set it
+            except Exception:  # noqa: BLE001 - the driver's channel is gone: nothing will stop it
                 return
 
     thread = threading.Thread(target=watch, name="eae-stop", daemon=True)

@@ -1,4 +1,5 @@
-"""What `eae pretrain` prints, run as a user runs it (its own local Ray cluster): rank 0's
+"""What `eae pretrain` prints, run as a user runs it (its own local Ray cluster, or one named by
+--address): rank 0's
 progress line once per logging window, none of Ray's internals unless --verbose, and a failure's
 cause as the last lines with its traceback in a file."""
 
@@ -44,9 +45,11 @@ def test_a_pretraining_prints_each_progress_line_once_and_no_ray_internals(wiki,
     assert "Ray's own output (workers, Ray Train, Ray Data): " in out and "--verbose shows it here" in out
 
 
-def test_a_failing_pretraining_ends_with_its_cause_and_keeps_the_traceback_in_a_file(wiki, tmp_path):
-    # rank 0 cannot open this tracking store: the worker fails inside Ray Train
-    result = _pretrain(wiki, tmp_path, "--set", "train.mlflow_uri=nosuchscheme://nowhere")
+def test_a_failing_pretraining_ends_with_its_cause_and_keeps_the_traceback_in_a_file(wiki, ray_cluster, tmp_path):
+    # rank 0 cannot open this tracking store: the worker fails inside Ray Train (on the session's
+    # cluster, as `--address` names one: a new local one is the test above's)
+    result = _pretrain(wiki, tmp_path, "--set", "train.mlflow_uri=nosuchscheme://nowhere",
+                       "--address", ray_cluster.get_runtime_context().gcs_address)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     last = result.stderr.strip().splitlines()[-2:]

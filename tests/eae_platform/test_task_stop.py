@@ -1,8 +1,8 @@
 """A stopped `eae finetune` / `eae eval` stops its Ray task, and its driver ends in bounded time
-(eae_platform.task_stop, progress.relay): the task's loop stops at a step once the driver sets
-its flag, even where the process ignores SIGINT (which Ray's cancel relies on); Ray's cancel
-is sent again when one is lost; the driver's progress relay stops printing once its block has
-ended even while a task keeps sending lines."""
+(eae_platform.task_stop, progress.relay): the task's loop stops at a step once the driver says
+stop on its progress channel, even where the process ignores SIGINT (which Ray's cancel relies
+on); Ray's cancel is sent again when one is lost; the driver's relay prints the lines in order
+and stops once its block has ended even while a task keeps sending lines."""
 
 import signal
 import threading
@@ -11,14 +11,14 @@ import time
 from eae_platform import progress, task_stop
 
 
-def test_a_task_stops_at_a_step_once_its_flag_is_set_even_ignoring_sigint(ray_cluster):
+def test_a_task_stops_at_a_step_once_its_driver_says_stop_even_ignoring_sigint(ray_cluster):
     ray = ray_cluster
 
     @ray.remote(num_cpus=0)
-    def training(flag):
+    def training(channel):
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ray's cancel cannot reach it
         try:
-            with task_stop.watching(flag, every_s=0.1):
+            with task_stop.watching(channel, every_s=0.1):
                 for step in range(1200):  # a minute of steps unless stopped
                     task_stop.check()
                     time.sleep(0.05)
@@ -28,13 +28,13 @@ def test_a_task_stops_at_a_step_once_its_flag_is_set_even_ignoring_sigint(ray_cl
         finally:
             signal.signal(signal.SIGINT, previous)  # the worker process is reused
 
-    flag = task_stop.new_flag()
-    ref = training.remote(flag)
-    time.sleep(2)  # training
-    ray.cancel(ref)  # lost: the task ignores SIGINT
-    assert not ray.wait([ref], timeout=2)[0]
-    flag.set.remote()
-    assert ray.get(ref, timeout=20) == "stopped"
+    with progress.relay() as channel:
+        ref = training.remote(channel)
+        time.sleep(2)  # training
+        ray.cancel(ref)  # lost: the task ignores SIGINT
+        assert not ray.wait([ref], timeout=2)[0]
+        channel.stop.remote()
+        assert ray.get(ref, timeout=20) == "stopped"
     task_stop.check()  # this process was never told to stop
 
 
@@ -74,22 +74,27 @@ def test_a_cancel_the_task_lost_is_sent_again(ray_cluster):
         pass
 
 
-def test_the_relay_ends_while_a_task_still_sends_lines(ray_cluster, monkeypatch, capsys):
-    monkeypatch.setattr(progress, "DRAIN_S", 1.0)
+def test_the_relay_prints_every_line_in_order_and_ends_while_a_task_still_sends_lines(ray_cluster, capsys):
     stop, sent = threading.Event(), []
 
     def chatty(channel):  # a task that outlives the block: never cancelled
         try:
             while not stop.is_set():
-                channel.put(f"line {len(sent)}")
+                ray_cluster.get(channel.put.remote(f"line {len(sent)}"))
                 sent.append(1)
-        except Exception:  # noqa: BLE001 - the queue's actor is gone once the relay ended
+        except Exception:  # noqa: BLE001 - the channel's actor is gone once the relay ended
             pass
 
     ended = threading.Event()
 
     def command():
         with progress.relay() as channel:
+            progress.attach(channel)
+            try:
+                for i in range(5):
+                    progress.say(f"said {i}")
+            finally:
+                progress.attach(None)
             threading.Thread(target=chatty, args=(channel,), daemon=True).start()
             time.sleep(1)
         ended.set()
@@ -99,4 +104,5 @@ def test_the_relay_ends_while_a_task_still_sends_lines(ray_cluster, monkeypatch,
         assert ended.wait(timeout=30), "the relay never ended"
     finally:
         stop.set()
-    assert "line 0" in capsys.readouterr().out  # what came before the end was printed
+    out = capsys.readouterr().out.splitlines()
+    assert out[:6] == [f"said {i}" for i in range(5)] + ["line 0"], out[:10]  # in order, before the end

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eae_model.kernels.common import m_key
-from eae_platform.pretrain.data import COLUMNS, collate, files_for_rank, shard_files
+from eae_data.shards import files_for_rank, shard_files
+from eae_platform.pretrain.data import COLUMNS, collate
 
 
 def batch_counts(files, seed, rank, workers, batch, steps, num_entities):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from eae_data.constants import MASK_TOKEN_ID, NULL_ENTITY
+from eae_data.shards import shard_files
 from eae_model.mentions import Mentions
 from eae_model.model import IGNORE, TargetIndices
 from eae_platform.pretrain import data
@@ -94,7 +95,7 @@ def synthetic_rows(n: int, seed: int = 0) -> dict:
 def shard_rows(data_dir: str, n: int) -> dict:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(data.shard_files(data_dir, "train")[0], columns=data.COLUMNS).slice(0, n)
+    table = pq.read_table(shard_files(data_dir, "train")[0], columns=data.COLUMNS).slice(0, n)
     out = {}
     for name in data.COLUMNS:
         column = table.column(name)

@@ -22,9 +22,10 @@ import time
 
 
 def run(data_dir: str, batch: int, step_s: float, lead: int, extra_steps: int) -> dict:
+    from eae_data.shards import shard_files
     from eae_platform.pretrain import data
 
-    files = data.shard_files(data_dir, "train")
+    files = shard_files(data_dir, "train")
 
     def open_epoch(epoch: int, skip: int):
         return data.prefetch(data.iter_epoch(files, 0, epoch, 0, 1, batch, 0.2, None, skip, 128), depth=2)

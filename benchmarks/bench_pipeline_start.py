@@ -40,10 +40,11 @@ def machine_cpu_s() -> float:
 def open_epoch(data_dir: str, workers: int, batch: int, watch_s: float, all_ranks: bool, v2: bool) -> dict:
     import pyarrow.parquet as pq
 
+    from eae_data.shards import files_for_rank, shard_files
     from eae_platform.pretrain import data
 
     data.USE_DATASOURCE_V2 = v2
-    files = data.shard_files(data_dir, "train")
+    files = shard_files(data_dir, "train")
     ranks = range(workers) if all_ranks else [0]
     warm = data.prefetch(data.iter_epoch(files, 0, 0, 0, workers, batch, 0.2, None, 0, 128), depth=2)
     next(iter(warm))  # Ray Data's first-use imports and actors, which a running job has already paid
@@ -61,7 +62,7 @@ def open_epoch(data_dir: str, workers: int, batch: int, watch_s: float, all_rank
         stream.close()
     while any(t.name == "eae-prefetch" for t in threading.enumerate()):  # the pipelines' teardown
         time.sleep(0.1)
-    mine = data.files_for_rank(files, 0, 1, 0, workers)
+    mine = files_for_rank(files, 0, 1, 0, workers)
     return {"files": len(mine), "rows": sum(pq.read_metadata(f).num_rows for f in mine), "ranks": len(streams),
             "first_batch_s": first_s, "cpu_to_first_s": first_cpu, "cpu_after_s": after_cpu,
             "machine_cpu_to_first_s": first_all}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -70,3 +71,21 @@ def write_text_atomic(text: str, path: str | Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def shard_files(data_dir: str | Path, split: str) -> list[str]:
+    """A split's shard files (shards/<split>/part-*.parquet) that hold rows, in name order."""
+    files = sorted(str(p) for p in (Path(data_dir) / "shards" / split).glob("part-*.parquet"))
+    return [f for f in files if pq.read_metadata(f).num_rows > 0]
+
+
+def files_for_rank(files: list[str], seed: int, epoch: int, rank: int, world_size: int) -> list[str]:
+    """The whole files `rank` of `world_size` reads in `epoch`: a seeded shuffle, dealt round-robin."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(files))
+    return [files[i] for i in order[rank::world_size]]
+
+
+def rows_per_rank(files: list[str], seed: int, epoch: int, world_size: int) -> list[int]:
+    """Contexts each rank is dealt in this epoch (whole files per rank), by rank."""
+    rows = {f: pq.read_metadata(f).num_rows for f in files}
+    return [sum(rows[f] for f in files_for_rank(files, seed, epoch, r, world_size)) for r in range(world_size)]

@@ -220,7 +220,7 @@ def _add_data(commands) -> None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from eae_platform.pretrain.job import check_data, data_fitted_overrides, run  # heavy: torch, MLflow
+    from eae_platform.pretrain.checks import check_data, data_fitted_overrides  # pyarrow, numpy: not for --help
 
     overrides = list(args.set)
     if args.resume and args.name and args.resume != args.name:
@@ -236,7 +236,9 @@ def _pretrain(args: argparse.Namespace) -> int:
     if fitted:  # the model's sizes from the data, unless the config or --set gives them
         config = load_pretrain_config(args.config, overrides + fitted, preset=args.preset)
         print(f"from {config.train.data}/manifest.json: {', '.join(fitted)}")
-    check_data(config)  # before starting Ray: bad data is a clear error in a second
+    check_data(config)  # before importing torch and MLflow, or starting Ray: bad data is a clear error in a second
+    from eae_platform.pretrain.job import run  # heavy: torch, MLflow (~2 s)
+
     connect(args.address)
     summary = run(config, resume=bool(args.resume))
     metrics = summary["metrics"] or {}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from eae_platform.pretrain.data import shard_files
+from eae_data.shards import shard_files
 
 COLUMNS = ["text", "token_starts", "token_ends", "mention_starts", "mention_ends", "mention_entity_ids"]
 

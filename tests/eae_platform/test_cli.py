@@ -73,7 +73,7 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
 
 def test_the_data_sets_the_model_sizes_a_config_or_override_leaves_unset(tmp_path):
     from eae_platform.pretrain.config import load_pretrain_config
-    from eae_platform.pretrain.job import data_fitted_overrides
+    from eae_platform.pretrain.checks import data_fitted_overrides
 
     data = tmp_path / "data"
     data.mkdir()

@@ -214,7 +214,8 @@ def test_batches_are_padded_to_max_length_on_gpus_by_default(use_gpu, fixed, exp
 def test_step_profiler_writes_the_profiled_steps_summary(tmp_path):
     import torch
 
-    from eae_platform.pretrain.profiling import StepProfiler, parse_steps
+    from eae_platform.pretrain.config import parse_steps
+    from eae_platform.pretrain.profiling import StepProfiler
 
     out = tmp_path / "profile-rank0.txt"
     profiler = StepProfiler(parse_steps("2-3"), out, torch.device("cpu"))

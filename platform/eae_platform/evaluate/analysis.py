@@ -49,7 +49,7 @@ def entity_frequencies(data_dir: str | Path) -> Counter:
     """Linked mentions per entity id in the train shards of an `eae data build` directory."""
     import pyarrow.parquet as pq
 
-    from eae_platform.pretrain.data import shard_files
+    from eae_data.shards import shard_files
 
     files = shard_files(data_dir, "train")
     if not files:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from eae_data.shards import shard_files
 from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform import task_stop
@@ -32,7 +33,7 @@ DEFAULT_K = object()  # the model's own k_inference
 def split_batches(data_dir: str, split: str, batch_size: int, seed: int, mask_rate: float, num_entities: int | None,
                   max_batches: int = 0) -> Iterator[data.Batch]:
     """The split's contexts in file order, masked with the evaluation masking seed."""
-    files = data.shard_files(data_dir, split)
+    files = shard_files(data_dir, split)
     if not files:
         raise FileNotFoundError(f"no {split} shards under {data_dir}/shards/{split}: give an `eae data build` output")
     table = pq.read_table(files, columns=data.COLUMNS)

@@ -126,7 +126,7 @@ def read_shard_rows(data_dir: str | Path, split: str, limit: int = 0) -> list[di
     """Rows of an `eae data build` split: token_ids and mention starts, ends, entity ids."""
     import pyarrow.parquet as pq
 
-    from eae_platform.pretrain.data import shard_files
+    from eae_data.shards import shard_files
 
     files = shard_files(data_dir, split)
     if not files:

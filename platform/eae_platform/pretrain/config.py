@@ -26,6 +26,19 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """"FIRST-LAST" (1-based, inclusive; not FIRST:LAST, which YAML 1.1 reads as a base-60 number) -> (first, last); None or "" -> None."""
+    if not text:
+        return None
+    try:
+        first, last = (int(x) for x in str(text).split("-"))
+    except ValueError:
+        raise ValueError(f"train.profile_steps must be FIRST-LAST (steps, 1-based), got {text!r}") from None
+    if not 1 <= first <= last:
+        raise ValueError(f"train.profile_steps must have 1 <= FIRST <= LAST, got {text!r}")
+    return first, last
+
+
 @dataclass
 class TrainConfig:
     data: str = "runs/wiki-sample"  # an `eae data build` output directory
@@ -89,8 +102,6 @@ class TrainConfig:
             problems.append(f"gpus_per_worker must be a fraction in (0, 1] or a whole number, got {self.gpus_per_worker}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             problems.append(f"time_budget_s must be positive or null, got {self.time_budget_s}")
-        from eae_platform.pretrain.profiling import parse_steps
-
         try:
             parse_steps(self.profile_steps)
         except ValueError as error:

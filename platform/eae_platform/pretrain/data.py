@@ -29,27 +29,12 @@ import pyarrow.parquet as pq
 import torch
 
 from eae_data.constants import MASK_TOKEN_ID, NULL_ENTITY
+from eae_data.shards import files_for_rank, rows_per_rank
 from eae_model.mentions import Mentions
 from eae_model.model import IGNORE, TargetIndices
 
 EVAL_EPOCH = 2**31 - 1  # the masking seed's epoch for dev batches (seeds must be non-negative)
 COLUMNS = ["context_id", "token_ids", "mention_starts", "mention_ends", "mention_entity_ids"]
-
-
-def shard_files(data_dir: str | Path, split: str) -> list[str]:
-    files = sorted(str(p) for p in (Path(data_dir) / "shards" / split).glob("part-*.parquet"))
-    return [f for f in files if pq.read_metadata(f).num_rows > 0]
-
-
-def files_for_rank(files: list[str], seed: int, epoch: int, rank: int, world_size: int) -> list[str]:
-    order = np.random.default_rng([seed, epoch]).permutation(len(files))
-    return [files[i] for i in order[rank::world_size]]
-
-
-def rows_per_rank(files: list[str], seed: int, epoch: int, world_size: int) -> list[int]:
-    """Contexts each rank is dealt in this epoch (whole files per rank), by rank."""
-    rows = {f: pq.read_metadata(f).num_rows for f in files}
-    return [sum(rows[f] for f in files_for_rank(files, seed, epoch, r, world_size)) for r in range(world_size)]
 
 
 def steps_per_epoch(files: list[str], seed: int, epoch: int, world_size: int, batch_size: int) -> int:

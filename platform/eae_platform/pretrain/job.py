@@ -14,58 +14,11 @@ from datetime import datetime
 from pathlib import Path
 
 from eae_platform.preprocess.build import read_manifest
-from eae_platform.pretrain import data
+from eae_platform.pretrain.checks import check_data
 from eae_platform.pretrain.config import PretrainConfig
 from eae_platform.pretrain.loop import MLFLOW_CLOSE_WAIT_S, train_loop_per_worker
 from eae_platform.progress import relay
 from eae_platform.tracking import Tracker, alias_version, tracking_uri
-
-
-def check_data(config: PretrainConfig) -> dict:
-    """The data directory checked on the driver, before any worker starts: a clear error here
-    instead of a worker's traceback through Ray Train minutes later (a context longer than the
-    model's positions fails only at the first batch that holds one). Returns its manifest."""
-    t, m = config.train, config.model
-    if not (Path(t.data) / "manifest.json").is_file():
-        raise FileNotFoundError(f"{t.data}: no manifest.json; build the data with `eae data build` (or `eae data synth`)")
-    files = data.shard_files(t.data, "train")
-    if not files:
-        raise ValueError(f"{t.data}: no training shards under shards/train; build the data with `eae data build`")
-    manifest = read_manifest(t.data)
-    longest = manifest.get("settings", {}).get("max_length")
-    if longest is not None and longest > m.max_length:
-        raise ValueError(f"{t.data} was built with contexts of up to {longest} wordpieces (--max-length {longest}), "
-                         f"more than model.max_length={m.max_length}: set model.max_length={longest} or rebuild "
-                         f"the data with --max-length {m.max_length}")
-    rows = sorted(data.rows_per_rank(files, t.seed, 0, t.num_workers))
-    if rows[0] < t.batch_per_worker:  # data.steps_per_epoch would be 0: the workers' loop refuses it
-        fits = rows[0] * t.num_workers
-        raise ValueError(
-            f"batch_size {t.batch_size} over {t.num_workers} worker(s) needs {t.batch_per_worker:,} training contexts "
-            f"per worker, but {t.data} deals its {sum(rows):,} ({len(files)} file(s), whole files per worker) as "
-            f"{', '.join(f'{n:,}' for n in rows)}: use " + (f"--batch-size {fits}" if fits else "a smaller --batch-size")
-            + (" or fewer workers" if t.num_workers > 1 else "")
-            + (" or rebuild with a smaller --shard-rows" if len(files) < t.num_workers else ""))
-    return manifest
-
-
-def data_fitted_overrides(config: PretrainConfig, config_file: str | None, overrides: list[str]) -> list[str]:
-    """`model.max_length` and `model.num_entities` set to what the data was built with (its
-    contexts' longest length, its entity vocabulary), for those that neither the config file's
-    `model:` section nor an override sets: a preset's own sizes rarely match a user's data."""
-    import yaml
-
-    from eae_platform.pretrain.config import parse_override
-
-    if not config.train.data or not (Path(config.train.data) / "manifest.json").is_file():
-        return []
-    given = {parse_override(o)[0] for o in overrides}
-    if config_file:
-        given |= {f"model.{k}" for k in (yaml.safe_load(Path(config_file).read_text()) or {}).get("model") or {}}
-    manifest = read_manifest(config.train.data)
-    built = {"model.max_length": manifest.get("settings", {}).get("max_length"),
-             "model.num_entities": manifest.get("counts", {}).get("entities")}
-    return [f"{k}={v}" for k, v in built.items() if v and k not in given and v != getattr(config.model, k.removeprefix("model."))]
 
 
 def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str | None:

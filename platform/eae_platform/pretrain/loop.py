@@ -24,13 +24,14 @@ import torch
 import torch.distributed as dist
 
 from eae_data.constants import VOCAB_FILES
+from eae_data.shards import shard_files
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform.progress import attach, progress_line, say
 from eae_platform.pretrain import data, state
 from eae_platform.pretrain.grad_sync import GradientSync
-from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler, parse_steps
-from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig
+from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler
+from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig, parse_steps
 
 # How long a run that ends while its MLflow store is unreachable keeps trying before it writes
 # what is unsent to a file: a pretraining run is long, and a server restarted near its end
@@ -226,7 +227,7 @@ def dev_batches(config: PretrainConfig, rank: int, world_size: int) -> data.DevB
     """This rank's dev batches for `evaluate`, kept after the first evaluation unless
     train.eval_batches is 0 (the whole dev split, read at every evaluation)."""
     t = config.train
-    files = data.shard_files(t.data, "dev")
+    files = shard_files(t.data, "dev")
     return data.DevBatches(lambda: data.iter_eval(files, t.seed, rank, world_size, t.batch_per_worker, t.mask_rate,
                                                   config.model.num_entities, t.eval_batches, pad_to(config)),
                            keep=t.eval_batches > 0)
@@ -290,7 +291,7 @@ class Trainer:
         self.progress = self._resume()
         self.tracker = self._open_tracker(config_dict)
 
-        files = data.shard_files(t.data, "train")  # at least one: job.check_data ran on the driver
+        files = shard_files(t.data, "train")  # at least one: checks.check_data ran on the driver
         # the ids of the examples each step consumed (tests, audits): record_examples
         self.trace = Path(t.storage_path) / t.name / f"examples-rank{self.rank}.jsonl"
         self.trace.parent.mkdir(parents=True, exist_ok=True)

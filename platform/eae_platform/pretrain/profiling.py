@@ -68,19 +68,6 @@ def busy_time(spans: list[tuple[float, float, str]]) -> tuple[float, list[tuple[
     return busy, gaps
 
 
-def parse_steps(text: str | None) -> tuple[int, int] | None:
-    """"FIRST-LAST" (1-based, inclusive; not FIRST:LAST, which YAML 1.1 reads as a base-60 number) -> (first, last); None or "" -> None."""
-    if not text:
-        return None
-    try:
-        first, last = (int(x) for x in str(text).split("-"))
-    except ValueError:
-        raise ValueError(f"train.profile_steps must be FIRST-LAST (steps, 1-based), got {text!r}") from None
-    if not 1 <= first <= last:
-        raise ValueError(f"train.profile_steps must have 1 <= FIRST <= LAST, got {text!r}")
-    return first, last
-
-
 class StepProfiler:
     """Call `before(step)` before a step's batch is fetched and `after(step)` after its
     optimizer step (step: the 1-based number of that step)."""

@@ -32,9 +32,9 @@ PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 # worker's second report of a log window waits for that poll (its result queue holds one),
 # and so do a run's start and end. The tests' runs report every few steps of well under a
 # second, so a 2-worker run of 16 steps took 49 s, 26 s with 0.2 s polls (same machine, same
-# run). Set before Ray starts; the `eae` commands the tests start inherit it, and Ray Train
-# passes it from the driver to its controller.
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# run); 0.1 s here. Set before Ray starts; the `eae` commands the tests start inherit it, and
+# Ray Train passes it from the driver to its controller.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """The pretraining run that several modules compare against: 2 workers with the sharded entity
-table, 16 steps of the tiny preset on the gensim Wikipedia sample, once per test session
+table, 12 steps of the tiny preset on the gensim Wikipedia sample, once per test session
 (test_pretrain.py resumes and crashes runs against it; test_multinode.py runs it over two nodes)."""
 
 import pytest
@@ -8,7 +8,8 @@ from eae_platform.preprocess.build import build, embedded_settings
 from eae_platform.pretrain.config import load_pretrain_config
 from eae_platform.pretrain.job import run
 
-STEPS = 16
+STEPS = 12
+WINDOWS = list(range(4, STEPS + 1, 4))  # the steps that end a log window (train.log_every=4)
 
 
 @pytest.fixture(scope="session")

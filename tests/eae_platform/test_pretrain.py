@@ -18,7 +18,7 @@ from eae_platform.pretrain import job
 from eae_platform.pretrain.config import load_pretrain_config
 from eae_platform.pretrain.job import run
 from eae_platform.tracking import download_model_dir
-from tests.eae_platform.conftest import STEPS, pretrain_config
+from tests.eae_platform.conftest import STEPS, WINDOWS, pretrain_config
 
 
 def _trace(tmp, name):
@@ -230,13 +230,13 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     everything = client.search_runs([r.info.experiment_id], run_view_type=ViewType.ALL)
     assert [(x.info.run_id, x.info.status) for x in everything] == [(r.info.run_id, "FINISHED")]
     # one run across the restart: every step's metrics once, the last value of a redone step kept
-    assert sorted({m.step for m in client.get_metric_history(r.info.run_id, "train/loss")}) == [4, 8, 12, 16]
+    assert sorted({m.step for m in client.get_metric_history(r.info.run_id, "train/loss")}) == WINDOWS
     assert "dev/token_accuracy" in r.data.metrics
     assert client.get_model_version_by_alias("eae-pg", "pretrained").run_id == r.info.run_id
 
 
 def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupted, server, tmp_path):
-    """The PostgreSQL-backed MLflow server is killed while rank 0 trains (at step 3 of 16) and
+    """The PostgreSQL-backed MLflow server is killed while rank 0 trains (at step 3 of 12) and
     restarted only once rank 0 has begun the step after the next log window, so that window
     went to a dead server (its log call gives up after the tracker's few quick retries). The
     run queues what it cannot send and ends FINISHED on the server with every window's metrics
@@ -257,7 +257,7 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
                 # the first window logged after the kill ends step index w - 1; waiting for step
                 # index w to begin means its log call has failed and queued (a restart at once
                 # could answer the call's own retries: CI saw that)
-                w = next((w for w in (4, 8, 12, 16) if w - 1 >= steps[-1]), 16)
+                w = next((w for w in WINDOWS if w - 1 >= steps[-1]), STEPS)
                 while not finished.is_set() and _records(tmp_path, "outage", 0)[-1]["step"] < w:
                     time.sleep(0.1)
                 outage["up"] = _records(tmp_path, "outage", 0)[-1]["step"]
@@ -276,13 +276,13 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
             server.start()
     # a window (logged at the end of step index w - 1) went to a dead server: killed no later than
     # that step began, restarted only after the next one began
-    assert any(outage.get("down", 99) <= w - 1 < outage.get("up", 0) for w in (4, 8, 12, 16)), (
+    assert any(outage.get("down", 99) <= w - 1 < outage.get("up", 0) for w in WINDOWS), (
         outage, trace.read_text()[-500:])
     client = MlflowClient(server.url)
     r = client.get_run(summary["mlflow_run_id"])
     assert r.info.status == "FINISHED" and r.data.params["train.name"] == "outage"
     history = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "train/loss")}
-    assert sorted(history) == [4, 8, 12, 16]  # every window once: none lost, none sent twice
+    assert sorted(history) == WINDOWS  # every window once: none lost, none sent twice
     reference = MlflowClient(f"sqlite:///{plain_tmp / 'mlflow.db'}").get_metric_history(plain["mlflow_run_id"], "train/loss")
     assert history == pytest.approx({m.step: m.value for m in reference})  # the same values, in the same steps
     assert "dev/token_accuracy" in r.data.metrics

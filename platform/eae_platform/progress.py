@@ -19,7 +19,8 @@ from contextlib import contextmanager
 VERBOSE_ENV = "EAE_VERBOSE"
 
 _channel = None  # this process's relay channel, set by `attach`
-DRAIN_S = 70.0  # the most `relay` waits for its last lines once its block has ended (a take's timeout and more)
+# the most `relay` waits for its last lines once its block has ended (a take's 60 s timeout and more)
+DRAIN_S = 70.0
 
 
 def verbose() -> bool:

@@ -7,8 +7,8 @@ raises in the task's process, and CI saw it lost again and again (a stopped fine
 training for a minute through twelve cancels, in a full test session; never in 30 runs alone).
 So the driver says stop on its progress channel (progress.relay, an actor), a thread in the
 task copies that into the task's process (`watching`), and the task's loop calls `check()` at
-each step: the KeyboardInterrupt comes from the loop itself. `cancel` (Ray's cancel, sent again until the
-task ends, then forced) remains for loops that do not check.
+each step: the KeyboardInterrupt comes from the loop itself. `cancel` (Ray's cancel, sent
+again until the task ends, then forced) remains for loops that do not check.
 """
 
 from __future__ import annotations

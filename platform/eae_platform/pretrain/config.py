@@ -24,6 +24,8 @@ from eae_model.config import EaEConfig, coerce_fields, config_from_values, parse
 # "max-autotune" ones run the compiled graphs as CUDA graphs on GPUs
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# Ray's placement-group strategies, for the workers' group (ray.train.ScalingConfig)
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -55,6 +57,10 @@ class TrainConfig:
     # GPUs per worker: below 1, several small runs share a GPU (Ray places fractional GPUs)
     gpus_per_worker: float = 1.0
     shard_entity_table: bool = True  # rows of E partitioned over workers (parameter-server style)
+    # How Ray places the workers over the cluster's nodes: PACK (as few nodes as hold them),
+    # SPREAD (as many as it can), STRICT_PACK (one node), STRICT_SPREAD (one worker per node;
+    # the run waits until the cluster has num_workers nodes with room for one)
+    placement_strategy: str = "PACK"
     log_every: int = 10
     prefetch_batches: int = 2  # batches read and collated ahead by a background thread (0: none)
     # keep each worker's training rows in memory after their first read, so later epochs start
@@ -108,6 +114,9 @@ class TrainConfig:
             problems.append(str(error))
         if self.compile_mode not in COMPILE_MODES:
             problems.append(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            problems.append(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                            f"got {self.placement_strategy!r}")
         if self.prefetch_batches < 0:
             problems.append(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
         if not 0 <= self.mask_rate <= 1 or not 0 <= self.warmup_fraction < 1:

@@ -38,7 +38,7 @@ def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str
 # run, logged and kept, not what it computes.
 RESUMABLE_CHANGES = {"max_steps", "time_budget_s", "out", "register_as", "alias", "log_every", "checkpoint_every",
                      "eval_batches", "profile_steps", "mlflow_uri", "experiment", "max_failures", "cpus_per_worker",
-                     "gpus_per_worker", "prefetch_batches", "cache_data"}
+                     "gpus_per_worker", "prefetch_batches", "cache_data", "placement_strategy"}
 
 
 def last_checkpoint_state(storage_path: str, name: str) -> tuple[Path, dict] | None:
@@ -163,6 +163,7 @@ def _fit(config: PretrainConfig, channel, mlflow_run_id: str):
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
             resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": t.gpus_per_worker} if t.use_gpu else {})},
+            placement_strategy=t.placement_strategy,
         ),
         torch_config=TorchConfig(backend="nccl" if t.use_gpu else "gloo"),
         run_config=RunConfig(name=t.name, storage_path=t.storage_path, failure_config=FailureConfig(max_failures=t.max_failures)),

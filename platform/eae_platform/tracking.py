@@ -11,7 +11,11 @@ and KILLED on KeyboardInterrupt or SystemExit (Ctrl-C; a Ray driver turns SIGTER
 Where: `tracking_uri()`: MLFLOW_TRACKING_URI when set, else an embedded SQLite store
 `mlflow.db` in the working directory.
 
-When the store is unreachable, nothing raises out of the logging calls and nothing is dropped:
+MLflow does the logging: params, tags and metrics go in one `MlflowClient.log_batch` (which cuts
+them into requests within its limits), the model through MLflow's log_model with
+registered_model_name, the alias by `set_registered_model_alias`. This module adds what MLflow
+lacks: when the store is unreachable, nothing raises out of the logging calls and nothing is
+dropped:
   * every MLflow call fails fast (MLflow's own HTTP retries are cut down, see `FAST_FAIL_ENV`);
   * what could not be sent is queued in memory (metrics keep their step and original timestamp,
     so resending is idempotent) and journaled to `<spool_dir>/mlflow-unsent-<run_id>.jsonl`
@@ -42,11 +46,13 @@ A PostgreSQL store (a server's --backend-store-uri or a direct URI) needs the dr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import numbers
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -60,6 +66,7 @@ import mlflow
 import mlflow.pyfunc
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
 # Applied with os.environ.setdefault when a Tracker is created (the user's values win). MLflow's
@@ -103,6 +110,28 @@ def tracking_uri() -> str:
     directory (an absolute URI, so a later chdir does not move it)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
     return uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+@contextlib.contextmanager
+def _global_uris(uri: str):
+    """MLflow's log_model and its registration reach the store through the global tracking and
+    registry URIs alone: both point at `uri` for the call. mlflow.set_tracking_uri also writes
+    MLFLOW_TRACKING_URI, which `tracking_uri()` reads: afterwards the globals are unset again
+    (resolved from the environment, as when nothing set them) and the environment put back.
+    Process-wide: another thread's fluent MLflow call meanwhile would go to `uri` too."""
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _say(message: str) -> None:
@@ -197,29 +226,13 @@ def _metric_value(key: str, value: Any) -> float:
     raise TypeError(f"metric {key!r} must be a real number, got {type(value).__name__}: {value!r}")
 
 
-def _validate_key(kind: str, key: Any) -> str:
-    from mlflow.utils import validation as v
-
-    if not isinstance(key, str):
-        raise TypeError(f"{kind} name must be a str, got {type(key).__name__}: {key!r}")
-    check = {"metric": v._validate_metric_name, "param": v._validate_param_name, "tag": v._validate_tag_name}
-    try:
-        check[kind](key)
-        if len(key) > v.MAX_ENTITY_KEY_LENGTH:
-            raise MlflowException(f"longer than {v.MAX_ENTITY_KEY_LENGTH} characters")
-    except MlflowException as exc:
-        raise ValueError(f"invalid {kind} name {key!r}: {exc.message}") from None
-    return key
-
-
 def _validate_alias(alias: str) -> None:
-    from mlflow.utils import validation as v
-
-    try:
-        v._validate_model_alias_name(alias)
-        v._validate_model_alias_name_reserved(alias)
-    except MlflowException as exc:
-        raise ValueError(f"invalid model alias {alias!r}: {exc.message}") from None
+    """MLflow's rule for alias names (word characters and dashes, at most 255; "latest" and
+    "v<N>" are reserved), checked before the registration is queued: a bad alias is the caller's
+    error now, not a refusal found after an outage, at replay (MLflow checks it when the alias is
+    set, and has no public check)."""
+    if not re.fullmatch(r"[\w-]{1,255}", alias) or alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
+        raise ValueError(f"invalid model alias {alias!r}: word characters and dashes, not 'latest' or 'v<N>'")
 
 
 def _stage(source: Path, target: Path) -> None:
@@ -262,8 +275,6 @@ def _pip_requirements() -> list[str]:
 
 
 def _model_dir_path_in(mlmodel_dir: Path) -> str:
-    from mlflow.models import Model
-
     flavor = Model.load(str(mlmodel_dir / "MLmodel")).flavors.get("python_function", {})
     try:
         return flavor["artifacts"][MODEL_DIR_ARTIFACT]["path"]
@@ -283,19 +294,16 @@ class _ModelSource:
         ref = model_uri.removeprefix("models:/")
         if "@" in ref:
             name, alias = ref.split("@", 1)
-            version = client.get_model_version_by_alias(name, alias)
+            number = client.get_model_version_by_alias(name, alias).version
         else:
             name, number = ref.rsplit("/", 1)
-            version = client.get_model_version(name, number)
-        self.source, self.uri = version.source.rstrip("/"), uri
+        # where the store keeps the version's files: its source, `models:/<model id>`, is no
+        # place to download from
+        self.source, self.uri = client.get_model_version_download_uri(name, number).rstrip("/"), uri
 
     def download_artifacts(self, path: str, dst_path: str) -> str:
         artifact = f"{self.source}/{path}" if path else self.source
         return mlflow.artifacts.download_artifacts(artifact_uri=artifact, dst_path=dst_path, tracking_uri=self.uri)
-
-
-def _models_repo(model_uri: str, uri: str) -> _ModelSource:
-    return _ModelSource(model_uri, uri)
 
 
 def load_pyfunc(model_uri: str, uri: str | None = None, dst_path: str | Path | None = None):
@@ -305,7 +313,7 @@ def load_pyfunc(model_uri: str, uri: str | None = None, dst_path: str | Path | N
     uri = uri or tracking_uri()
     dst = Path(dst_path) if dst_path else Path(tempfile.mkdtemp(prefix="eae-pyfunc-"))
     dst.mkdir(parents=True, exist_ok=True)
-    local = _models_repo(model_uri, uri).download_artifacts("", dst_path=str(dst))
+    local = _ModelSource(model_uri, uri).download_artifacts("", dst_path=str(dst))
     return mlflow.pyfunc.load_model(local)
 
 
@@ -316,7 +324,7 @@ def download_model_dir(model_uri: str, dst_path: str | Path | None = None, uri: 
     uri = uri or tracking_uri()
     dst = Path(dst_path) if dst_path else Path(tempfile.mkdtemp(prefix="eae-model-"))
     dst.mkdir(parents=True, exist_ok=True)
-    repo = _models_repo(model_uri, uri)
+    repo = _ModelSource(model_uri, uri)
     with tempfile.TemporaryDirectory() as tmp:
         repo.download_artifacts("MLmodel", dst_path=tmp)
         inner = _model_dir_path_in(Path(tmp))
@@ -428,8 +436,6 @@ class Tracker:
         self._next_try = 0.0
         self._journal_path: Path | None = None
         self._closed: CloseReport | None = None
-        self.registered: list[dict] = []  # {"name", "alias", "version", "model_id", "uri"} per model
-        self.events: list[str] = []  # the lines printed about the store's reachability
 
         self.experiment_id: str | None = None
         if run_id is None:
@@ -488,7 +494,6 @@ class Tracker:
         params = flatten_config(data)
         truncated = []
         for key, value in params.items():
-            _validate_key("param", key)
             if len(value) > MAX_PARAM_VAL_LENGTH:
                 params[key] = value[: MAX_PARAM_VAL_LENGTH - len(PARAM_TRUNCATED)] + PARAM_TRUNCATED
                 truncated.append(key)
@@ -502,6 +507,7 @@ class Tracker:
         self._params.update(params)
         self._q_params.update(new)
         self._journal([{"type": "param", "key": k, "value": v} for k, v in new.items()])
+        # a file in the queue, not MlflowClient.log_dict: it waits out an outage as artifacts do
         path = Path(tempfile.mkdtemp(prefix="eae-config-")) / "config.json"
         path.write_text(json.dumps(data, indent=2, default=str) + "\n")
         self._enqueue_file(path, None, staged=False, cleanup=True)
@@ -510,19 +516,19 @@ class Tracker:
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self._check_open()
-        items = {_validate_key("tag", str(k)): str(v) for k, v in tags.items()}
+        items = {str(k): str(v) for k, v in tags.items()}
         self._q_tags.update(items)
         self._journal([{"type": "tag", "key": k, "value": v} for k, v in items.items()])
         self._maybe_flush()
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int, timestamp_ms: int | None = None) -> None:
-        """Log {name: number} at `step`. Raises TypeError/ValueError for a bad name, value or
-        step; never for the store."""
+        """Log {name: number} at `step`. Raises TypeError for a value or step that is no number;
+        never for the store (a name the store refuses is reported at close)."""
         self._check_open()
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):
             raise TypeError(f"step must be an int, got {type(step).__name__}: {step!r}")
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
-        items = [(_validate_key("metric", k), _metric_value(k, v), ts, int(step)) for k, v in metrics.items()]
+        items = [(k, _metric_value(k, v), ts, int(step)) for k, v in metrics.items()]
         self._q_metrics.extend(items)
         self._journal([_metric_record(m) for m in items])
         self._maybe_flush()
@@ -579,7 +585,7 @@ class Tracker:
         `models:/<name>@<alias>`, or without an alias `models:/<name>/<version>` (None while the
         registration is queued). If the store is unreachable the registration is queued (the
         directory staged) and done when it answers or at close; until then the URI resolves to
-        the previous version, if any; `registered` lists the versions made."""
+        the previous version, if any."""
         from eae_model.checkpoint import CONFIG, WEIGHTS
 
         self._check_open()
@@ -737,8 +743,7 @@ class Tracker:
             return True
         was_down, before = self._down, self.pending
         try:
-            self._send_params_and_tags()
-            self._send_metrics()
+            self._send_batch()
             self._send_files()
             self._send_models()
         except Exception as exc:
@@ -755,57 +760,36 @@ class Tracker:
         self._rejected.append({"item": item, "reason": _short(exc)})
         _say(f"MLflow refused {_describe(item)} for run {self.run_id}: {_short(exc)} (reported at close)")
 
-    def _send_params_and_tags(self) -> None:
-        from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH as N
-
-        for queue, kind in ((self._q_params, "param"), (self._q_tags, "tag")):
-            while queue:
-                chunk = dict(list(queue.items())[:N])
-                entities = [Param(k, v) if kind == "param" else RunTag(k, v) for k, v in chunk.items()]
+    def _send_batch(self) -> None:
+        """The queued params, tags and metrics in one MlflowClient.log_batch, which cuts them into
+        requests within MLflow's limits itself. synchronous=True whatever MLFLOW_ENABLE_ASYNC_LOGGING
+        says: an item leaves the queue only once the store has taken it. Sending again after a
+        failure part-way is harmless: a metric keeps its timestamp and step, a param its value."""
+        records = [r for r in self._queued_records() if r["type"] in ("param", "tag", "metric")]
+        if not records:
+            return
+        try:
+            self._call(self._client.log_batch, self.run_id, **_batch(records), synchronous=True)
+        except MlflowException as exc:
+            if _is_transient(exc):
+                raise
+            # Refused: each item alone, so that one bad item (a name the store does not take, a
+            # param changed in a run resumed offline) does not take the others with it.
+            for record in records:
                 try:
-                    if kind == "param":
-                        self._call(self._client.log_batch, self.run_id, params=entities, synchronous=True)
-                    else:
-                        self._call(self._client.log_batch, self.run_id, tags=entities, synchronous=True)
-                except MlflowException as exc:
-                    if _is_transient(exc):
+                    self._call(self._client.log_batch, self.run_id, **_batch([record]), synchronous=True)
+                except MlflowException as exc1:
+                    if _is_transient(exc1):
                         raise
-                    if len(chunk) == 1:
-                        (key, value), = chunk.items()
-                        self._rejected_item({"type": kind, "key": key, "value": value}, exc)
-                        del queue[key]
-                        continue
-                    # find the culprit: send one by one
-                    for k, v in chunk.items():
-                        try:
-                            self._call(
-                                self._client.log_batch, self.run_id, synchronous=True,
-                                **({"params": [Param(k, v)]} if kind == "param" else {"tags": [RunTag(k, v)]}),
-                            )  # fmt: skip
-                        except MlflowException as exc1:
-                            if _is_transient(exc1):
-                                raise
-                            self._rejected_item({"type": kind, "key": k, "value": v}, exc1)
-                        del queue[k]
-                    continue
-                for k in chunk:
-                    del queue[k]
-
-    def _send_metrics(self) -> None:
-        from mlflow.utils.validation import MAX_METRICS_PER_BATCH as N
-
-        while self._q_metrics:
-            chunk = [self._q_metrics[i] for i in range(min(N, len(self._q_metrics)))]
-            try:
-                batch = [Metric(k, v, ts, s) for k, v, ts, s in chunk]
-                self._call(self._client.log_batch, self.run_id, metrics=batch, synchronous=True)
-            except MlflowException as exc:
-                if _is_transient(exc):
-                    raise
-                for m in chunk:
-                    self._rejected_item(_metric_record(m), exc)
-            for _ in chunk:
-                self._q_metrics.popleft()
+                    self._rejected_item(record, exc1)
+                if record["type"] == "metric":
+                    self._q_metrics.popleft()
+                else:
+                    del (self._q_params if record["type"] == "param" else self._q_tags)[record["key"]]
+            return
+        self._q_params.clear()
+        self._q_tags.clear()
+        self._q_metrics.clear()
 
     def _send_files(self) -> None:
         while self._q_files:
@@ -844,62 +828,34 @@ class Tracker:
             self._q_models.popleft()
 
     def _register(self, entry: dict) -> None:
-        """Each stage records its result in `entry`, so a retry after a failure goes on where
-        it stopped (no second logged model or version)."""
-        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-        from mlflow.models import Model
-
-        c = self._client
-        if self.experiment_id is None:
-            self.experiment_id = self._call(c.get_run, self.run_id).info.experiment_id
+        """MLflow's log_model uploads the pyfunc, links it to the run at `step` and registers it
+        as a new version of `name`; then the alias moves to it. The logged model it fills is
+        created first, in the run's experiment: on its own, log_model would create it in the
+        fluent API's experiment (the Default one, its artifacts under ./mlruns). `entry` keeps the
+        model and the version once made, so that a retry after a failure goes on with them (what
+        log_model does is done again, on the same logged model)."""
+        if self.experiment_id is None:  # a run resumed offline
+            self.experiment_id = self._call(self._client.get_run, self.run_id).info.experiment_id
         if not entry.get("model_id"):
-            lm = self._call(
-                c.create_logged_model, self.experiment_id, name=entry["artifact_name"], source_run_id=self.run_id,
-                tags={"eae.model_dir": entry["model_dir"]},
-            )  # fmt: skip
-            entry["model_id"], entry["artifact_location"] = lm.model_id, lm.artifact_location
-        model_id = entry["model_id"]
-        if not entry.get("uploaded"):
-            with tempfile.TemporaryDirectory(prefix="eae-pyfunc-") as tmp:
-                local = Path(tmp) / "model"
-                mlflow.pyfunc.save_model(
-                    path=str(local),
-                    python_model=str(PYFUNC_CODE),
-                    artifacts={MODEL_DIR_ARTIFACT: entry["model_dir"]},
-                    pip_requirements=_pip_requirements(),
-                    mlflow_model=Model(
-                        artifact_path=entry["artifact_location"], model_uuid=model_id, run_id=self.run_id,
-                        model_id=model_id,
-                    ),  # fmt: skip
-                )
-                self._call(c.log_model_artifacts, model_id, str(local))
-            self._call(c.log_outputs, self.run_id, [LoggedModelOutput(model_id, step=entry["step"])])
-            entry["uploaded"] = True
-        if not entry.get("finalized"):
-            self._call(c.finalize_logged_model, model_id, LoggedModelStatus.READY)
-            entry["finalized"] = True
+            entry["model_id"] = self._call(
+                self._client.create_logged_model, self.experiment_id, name=entry["artifact_name"],
+                source_run_id=self.run_id,
+            ).model_id  # fmt: skip
         if not entry.get("version"):
-            try:
-                self._call(c.create_registered_model, entry["name"])
-            except MlflowException as exc:
-                if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
-                    raise
-            mv = self._call(
-                # source: the logged model's artifact location, not `models:/<id>`: MLflow
-                # resolves the latter through the *global* tracking URI, another store when
-                # this Tracker was given its own `uri`.
-                c.create_model_version, entry["name"], source=entry["artifact_location"], run_id=self.run_id,
-                model_id=model_id,
-            )  # fmt: skip
-            entry["version"] = str(mv.version)
+            # Model.log, the log_model behind mlflow.pyfunc.log_model, because it takes the run:
+            # the latter logs to the fluent API's active run, which this Tracker does not use
+            with _global_uris(self.uri):
+                info = self._call(
+                    Model.log, artifact_path=None, flavor=mlflow.pyfunc, model_id=entry["model_id"],
+                    python_model=str(PYFUNC_CODE), artifacts={MODEL_DIR_ARTIFACT: entry["model_dir"]},
+                    pip_requirements=_pip_requirements(), run_id=self.run_id, step=entry["step"],
+                    registered_model_name=entry["name"],
+                )  # fmt: skip
+            entry["version"] = str(info.registered_model_version)
         if entry["alias"]:
-            self._call(c.set_registered_model_alias, entry["name"], entry["alias"], entry["version"])
+            self._call(self._client.set_registered_model_alias, entry["name"], entry["alias"], entry["version"])
         entry["uri"] = (f"models:/{entry['name']}@{entry['alias']}" if entry["alias"]
                         else f"models:/{entry['name']}/{entry['version']}")
-        self.registered.append({
-            "name": entry["name"], "alias": entry["alias"], "version": entry["version"], "model_id": model_id,
-            "uri": entry["uri"],
-        })  # fmt: skip
 
     def _mark_down(self, exc: BaseException) -> None:
         self._next_try = time.monotonic() + self.retry_interval_s
@@ -909,21 +865,17 @@ class Tracker:
         self._stage_pending()
         self._journal(self._queued_records())
         queued = ", ".join(f"{n} {k}" for k, n in self.pending.items() if n) or "nothing"
-        message = (
+        _say(
             f"MLflow unreachable at {self.uri}: {queued} queued, training continues "
             f"(run {self.run_id}; retrying every {self.retry_interval_s:g} s; journal {self.unsent_path}; "
             f"{_short(exc)})"
         )
-        self.events.append(message)
-        _say(message)
 
     def _mark_up(self, detail: str = "") -> None:
         if not self._down:
             return
         self._down = False
-        message = f"MLflow reachable again at {self.uri}{f': {detail}' if detail else ''} (run {self.run_id})"
-        self.events.append(message)
-        _say(message)
+        _say(f"MLflow reachable again at {self.uri}{f': {detail}' if detail else ''} (run {self.run_id})")
         if not any(self.pending.values()):
             self._delete_journal()
             if not self._rejected:
@@ -984,6 +936,15 @@ def alias_version(uri: str, name: str, alias: str) -> str | None:
         return str(MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(name, alias).version)
     except Exception:  # noqa: BLE001 - no such model or alias, or an unreachable store: nothing to report
         return None
+
+
+def _batch(records: list[dict]) -> dict[str, list]:
+    """MlflowClient.log_batch's params, tags and metrics for journal records of them."""
+    return {
+        "params": [Param(r["key"], r["value"]) for r in records if r["type"] == "param"],
+        "tags": [RunTag(r["key"], r["value"]) for r in records if r["type"] == "tag"],
+        "metrics": [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in records if r["type"] == "metric"],
+    }
 
 
 def _metric_record(m: tuple[str, float, int, int]) -> dict:

@@ -140,6 +140,9 @@ def _exercise_run(model_dir: Path, tmp: Path, experiment: str, model_name: str) 
     # the registered model behind the alias
     version = client.get_model_version_by_alias(model_name, "champion")
     assert str(version.version) == "1" and version.run_id == run_id
+    # the logged model is the run's experiment's, not MLflow's Default experiment's
+    (output,) = client.get_run(run_id).outputs.model_outputs
+    assert client.get_logged_model(output.model_id).experiment_id == run.info.experiment_id
     _same_files(model_dir, download_model_dir(model_uri, tmp / "downloaded"))
     loaded = mlflow.pyfunc.load_model(model_uri)  # MLflow's own resolution of the URI
     wrapper = loaded.unwrap_python_model()
@@ -209,7 +212,7 @@ def test_flatten_config():
 
 def test_embedded_sqlite_store(embedded, model_dir):
     _exercise_run(model_dir, embedded, "eae-embedded", "eae-embedded-model")
-    assert (embedded / "mlflow.db").is_file()
+    assert (embedded / "mlflow.db").is_file() and not (embedded / "mlruns").exists()  # artifacts by the store
 
 
 def test_server_on_postgres(server, model_dir, tmp_path, monkeypatch):
@@ -353,17 +356,49 @@ def test_refused_items_are_reported_not_retried(embedded):
     assert any(r["type"] == "rejected" and r["item"]["step"] == 1 for r in records)
 
 
+def test_a_refused_item_goes_alone_and_a_batch_beyond_mlflow_s_limits_arrives_whole(embedded):
+    """Params, tags and metrics go to the store in one MlflowClient.log_batch. The store refuses
+    a batch with one bad item whole: that item is reported, the others of its batch arrive. MLflow
+    cuts a batch beyond its limits (1,000 metrics, 100 params and tags a request) itself: a replay
+    of 150 params and 2,500 metrics queued offline arrives whole."""
+    uri = tracking.tracking_uri()
+    client = MlflowClient(uri)
+    with Tracker("eae-batch") as live:
+        live.log_metrics({"train/loss": 1.0, "train/loss?": 2.0}, step=0)  # MLflow takes no "?" in a name
+        assert live.reachable and not any(live.pending.values())
+    report = live.close()
+    assert len(report.rejected) == 1 and "metric train/loss?=2.0 at step 0" in report.rejected[0], str(report)
+    assert _history(client, live.run_id, "train/loss") == [(0, 1.0)]
+
+    offline = Tracker("eae-batch", uri=f"http://127.0.0.1:{free_port()}", run_id=live.run_id,
+                      spool_dir=embedded / "offline", retry_interval_s=60.0)  # fmt: skip
+    offline.log_config({"p": {f"k{i:03d}": i for i in range(150)}})
+    offline.set_tags({"eae.batch": "yes"})
+    metrics = {f"train/m{i:04d}": float(i) for i in range(2500)}
+    offline.log_metrics(metrics, step=1)
+    unsent = offline.close(wait_s=0.0)
+    assert (unsent.unsent_params, unsent.unsent_tags, unsent.unsent_metrics) == (150, 1, 2500)
+    assert replay_unsent(unsent.unsent_path, uri=uri).ok
+    run = client.get_run(live.run_id)
+    assert run.data.params == {f"p.k{i:03d}": str(i) for i in range(150)} and run.data.tags["eae.batch"] == "yes"
+    assert {k: v for k, v in run.data.metrics.items() if k.startswith("train/m")} == metrics
+    assert run.info.status == "FINISHED"
+
+
 def test_a_version_registers_without_moving_an_alias_and_the_with_block_ends_runs_by_outcome(tmp_path, model_dir):
     """register_model(alias=None): a new version, `models:/<name>/<version>`, and no alias
     touched; `with tracker:` ends the run FINISHED, FAILED on an error, KILLED on Ctrl-C or exit."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri, registry_uri=uri)
+    before = (os.environ.get("MLFLOW_TRACKING_URI"), mlflow.get_tracking_uri(), mlflow.get_registry_uri())
     with Tracker("eae-status", uri=uri) as first:
         assert first.register_model(model_dir, "eae-versions", alias="kept") == "models:/eae-versions@kept"
     with Tracker("eae-status", uri=uri) as second:
         assert second.register_model(model_dir, "eae-versions", alias=None) == "models:/eae-versions/2"
     assert str(client.get_model_version_by_alias("eae-versions", "kept").version) == "1"  # the alias stayed
     assert client.get_model_version("eae-versions", "2").run_id == second.run_id
+    # MLflow's global URIs pointed at the tracker's store for the registration only
+    assert (os.environ.get("MLFLOW_TRACKING_URI"), mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before
     assert tracking.alias_version(uri, "eae-versions", "kept") == "1"
     assert tracking.alias_version(uri, "eae-versions", "missing") is None
 

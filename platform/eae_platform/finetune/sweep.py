@@ -107,6 +107,10 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SweepSpa
 
 
 def _trainable(base: dict[str, Any], parent_run_id: str, mlflow_uri: str, cpus: float):
+    # Not Ray's setup_mlflow: it opens the trial's run through MLflow's fluent API (the global
+    # tracking URI and an active run, each later call straight to the store, so a trial fails
+    # when the store goes away mid-trial). A trial is one finetune(), as `eae finetune qa` is:
+    # its Tracker opens the run as a child of the sweep's and queues on disk through an outage.
     def trial(params: dict[str, Any]) -> None:
         import torch
         from ray import tune

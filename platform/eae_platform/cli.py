@@ -29,6 +29,7 @@ from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
 from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
+from eae_platform.pretrain.storage import CheckpointStorageError
 from eae_platform.progress import VERBOSE_ENV, attach, relay, root_cause, save_traceback, verbose
 from eae_platform.ray_session import connect
 from eae_platform.serving.cli import entities_add_command, serve_command
@@ -620,6 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, LookupError) as error:  # bad input: a clear message
         print(f"eae: error: {error}", file=sys.stderr)
         return 2
+    except CheckpointStorageError as error:  # the disk, not the code: its message says all, and what to do
+        print(f"eae: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as interrupt:
         print("eae: interrupted" + (f" ({interrupt})" if str(interrupt) else ""), file=sys.stderr)
         return 130

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from eae_platform.preprocess.build import read_manifest
+from eae_platform.pretrain import storage
 from eae_platform.pretrain.checks import check_data
 from eae_platform.pretrain.config import PretrainConfig
 from eae_platform.pretrain.loop import MLFLOW_CLOSE_WAIT_S, train_loop_per_worker
@@ -119,10 +120,15 @@ def run(config: PretrainConfig, resume: bool = False) -> dict:
     # Resolved here: workers run in other directories, where the default would name another store.
     t.mlflow_uri = t.mlflow_uri or tracking_uri()
     name_run(config, resume)
+    storage.check_writable(Path(t.storage_path) / t.name)  # before an MLflow run is opened or Ray Train started
     tracker = open_run(config)
     with tracker:  # an exception ends the MLflow run FAILED, an interrupt or SIGTERM KILLED
         with relay() as channel:  # rank 0's progress lines, printed here (eae_platform.progress)
-            result = _fit(config, channel, tracker.run_id)
+            try:
+                result = _fit(config, channel, tracker.run_id)
+            except Exception as error:
+                _raise_if_storage_refused(error, config, tracker)
+                raise
         step = (result.metrics or {}).get("step")
         paused = step is not None and step < t.max_steps  # train.time_budget_s ran out
         summary = {"checkpoint": result.checkpoint.path if result.checkpoint else None, "metrics": result.metrics,
@@ -133,6 +139,20 @@ def run(config: PretrainConfig, resume: bool = False) -> dict:
         elif result.checkpoint is not None:
             summary.update(_finish_mlflow(config, tracker, Path(result.checkpoint.path)))
     return summary
+
+
+def _raise_if_storage_refused(error: Exception, config: PretrainConfig, tracker: Tracker) -> None:
+    """When a worker's write under the run's storage was refused (storage.StorageUnwritable),
+    a CheckpointStorageError that says so in one paragraph, instead of Ray's traceback; the
+    MLflow run gets it and the count of lost steps as tags (it ends FAILED, as every failure)."""
+    failure = storage.refused_write(error)
+    if failure is None:
+        return
+    t = config.train
+    last = last_checkpoint_state(t.storage_path, t.name)
+    message = storage.explain(failure, Path(t.storage_path) / t.name, t.name, last)
+    tracker.set_tags({"eae.error": message, "eae.steps_lost": storage.steps_lost(failure, last)})
+    raise storage.CheckpointStorageError(message) from error
 
 
 def open_run(config: PretrainConfig) -> Tracker:

@@ -11,7 +11,6 @@ gradients are already complete on their owner), clip the global gradient norm (r
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -28,7 +27,7 @@ from eae_data.shards import shard_files
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform.progress import attach, progress_line, say
-from eae_platform.pretrain import data, state
+from eae_platform.pretrain import data, state, storage
 from eae_platform.pretrain.grad_sync import GradientSync
 from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler
 from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig, parse_steps
@@ -447,9 +446,9 @@ class Trainer:
 
     def record_examples(self, step: int, epoch: int, host: data.Batch) -> None:
         """Append the ids of the contexts this worker trained on at `step` (0-based) to its trace."""
-        with self.trace.open("a") as f:
-            f.write(json.dumps({"step": step, "epoch": epoch, "pid": os.getpid(),
-                                "ids": host.context_ids.tolist()}) + "\n")
+        with storage.writing(f"its example trace {self.trace}", step + 1, self.rank):  # step + 1 steps trained
+            storage.append_record(self.trace, {"step": step, "epoch": epoch, "pid": os.getpid(),
+                                               "ids": host.context_ids.tolist()})
 
     def add_to_window(self, metrics: dict) -> None:
         """Add a step's metrics to the window's sums."""
@@ -530,7 +529,9 @@ class Trainer:
         with tempfile.TemporaryDirectory() as d:
             state.save(Path(d), self.rank, self.model, self.optimizer,
                        {**self.progress, "scheduler": self.scheduler.state_dict(), "config": self.config.to_dict()})
-            ray.train.report({"step": step, **metrics}, checkpoint=Checkpoint.from_directory(d))
+            # Ray Train copies the files into the run's storage here: a refused copy stops the run
+            with storage.writing(f"its part of the checkpoint of step {step}", step, self.rank):
+                ray.train.report({"step": step, **metrics}, checkpoint=Checkpoint.from_directory(d))
 
     def pause(self) -> None:
         """End a run whose time budget ran out: its MLflow run KILLED, tagged with the step."""

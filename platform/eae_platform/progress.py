@@ -55,8 +55,13 @@ def relay(poll_s: float = 0.2):
     """A `Channel` whose lines (`say` in a process that `attach`ed it) the driver prints as they
     come, until the block ends; then the rest, and the channel's actor stops."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    channel = ray.remote(num_cpus=0)(Channel).remote()  # holds no CPU that training or Ray Data needs
+    # No CPU held that training or Ray Data needs; on the driver's node, which the run cannot
+    # outlive: anywhere else, a node lost mid-run (a worker's, which Ray Train replaces) took the
+    # channel with it, and the next line a worker said failed the run (test_multinode.py).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    channel = ray.remote(num_cpus=0)(Channel).options(scheduling_strategy=here).remote()
     done = threading.Event()
 
     def pump():

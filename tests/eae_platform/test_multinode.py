@@ -290,6 +290,10 @@ def test_a_node_killed_mid_pretraining_resumes_from_its_last_checkpoint_once_a_n
         assert {r["step"]: r["ids"] for r in records} == want  # the last record of a redone step wins
     losses, reference = _losses(f"sqlite:///{tmp_path / 'mlflow.db'}"), _losses(plain_config.train.mlflow_uri)
     assert sorted(losses) == WINDOWS and losses == pytest.approx(reference, rel=1e-6, abs=0)
+    # the driver's progress channel lived on the driver's node (the head): on the killed node it
+    # died with it, and the workers' next progress line failed the run (a CI run)
+    channels = [a["node_id"] for a in _state(two_nodes, "actors", "class_name", "node_id") if a["class_name"] == "Channel"]
+    assert channels and set(channels) == {two_nodes.nodes["head"]}, channels
     print(f"node killed at steps {[before[r][-1]['step'] for r in (0, 1)]}, resumed at step {resumed}")
 
 

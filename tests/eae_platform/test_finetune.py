@@ -1,6 +1,7 @@
 """QA fine-tuning, Tune sweeps and `eae compare` on a real local Ray cluster: a tiny model
 pretrained (Ray Train) on the synthetic world, fine-tuned through the CLI from its MLflow
-registry alias, a 2 x 2 grid logging to an MLflow server on PostgreSQL, a failed trial that a
+registry alias, a 2 x 2 grid logging to an MLflow server on PostgreSQL that is killed and
+restarted mid-sweep, a failed trial that a
 resumed sweep re-runs, and the comparison tables of known runs. The pretrained model is the
 session's `synth_pretrained` (tests/conftest.py)."""
 
@@ -10,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,28 +121,75 @@ def _space(tmp, tmp_path, uri, body):
     return path
 
 
-def test_grid_sweep_logs_every_trial_to_an_mlflow_server_on_postgresql(synth_pretrained, server, tmp_path):
+def _tune_results(root: Path) -> list[dict]:
+    """Every result a sweep's trials have reported so far (Tune's result.json, a line each)."""
+    return [json.loads(line) for f in root.glob("*/result.json") for line in f.read_text().splitlines() if line.strip()]
+
+
+def test_grid_sweep_logs_every_trial_to_an_mlflow_server_on_postgresql_through_its_restart(
+        synth_pretrained, server, tmp_path):
+    """A 2 x 2 grid, 2 trials at a time, each a child run on a PostgreSQL-backed MLflow server.
+    The server is killed once a trial's step-10 window has reached it, and restarted once a trial
+    has ended (its run closing meanwhile, which waits for the store) and 2 s have passed, or
+    after 8 s: metrics logged while it was down arrive with their own timestamps, every trial's
+    run ends FINISHED with every window's metrics once, and the sweep selects, tests and
+    registers its best trial."""
     tmp, _, _ = synth_pretrained
     space = load_space(_space(tmp, tmp_path, server.url, """
 sweep: {{name: grid22, max_concurrent: 2, cpus_per_trial: 1, storage_path: "{storage}"}}
-finetune: {{init: "{init}", data: "synth:{world}", max_steps: 20, log_every: 10, mlflow_uri: "{uri}"}}
+finetune: {{init: "{init}", data: "synth:{world}", max_steps: 20, log_every: 10, eval_every: 10, mlflow_uri: "{uri}"}}
 grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
 """))
-    summary = run_sweep(space)
+    outage, done = {}, threading.Event()
+
+    def window_arrived() -> bool:  # a trial's first train/loss (step 10) is on the server
+        exp = client.get_experiment_by_name("eae-qa")
+        return exp is not None and any("train/loss" in r.data.metrics for r in client.search_runs([exp.experiment_id]))
+
+    def kill_then_restart():
+        while not done.is_set() and not window_arrived():
+            time.sleep(0.1)
+        if done.is_set():
+            return
+        server.kill()
+        outage["down"], killed = time.time() * 1000, time.monotonic()
+        while not done.is_set() and time.monotonic() < killed + 8 and not (
+                time.monotonic() > killed + 2 and any("mlflow_run_id" in r for r in _tune_results(tmp_path / "tune" / "grid22"))):
+            time.sleep(0.1)  # until a trial's last report (its run then closes, waiting 10 s for the store)
+        outage["up"] = time.time() * 1000
+        server.start()
+
+    client = MlflowClient(server.url)
+
+    thread = threading.Thread(target=kill_then_restart, daemon=True)
+    thread.start()
+    try:
+        summary = run_sweep(space)
+    finally:
+        done.set()
+        thread.join(timeout=120)
+        if server.proc is None:  # the restart failed: the module's server comes back for the next tests
+            server.start()
+    assert "up" in outage, outage
     assert len(summary["trials"]) == 4 and not summary["failed"]
     assert {(t["lr"], t["batch_size"]) for t in summary["trials"]} == {(1e-3, 16), (1e-3, 32), (3e-4, 16), (3e-4, 32)}
     best = summary["best"]
     assert best["dev_em"] == max(t["dev_em"] for t in summary["trials"])
 
-    client = MlflowClient(server.url)
     exp = client.get_experiment_by_name("eae-qa").experiment_id
     parent = client.get_run(summary["parent_run_id"])
     children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert len(children) == 4  # no trial's run lost to concurrent writers
+    logged_down = 0  # metrics logged while the server was down, delivered once it was back
     for child in children:
         history = client.get_metric_history(child.info.run_id, "train/loss")
         assert [h.step for h in history] == [10, 20]
+        assert [h.step for h in client.get_metric_history(child.info.run_id, "dev/em")] == [10, 20]
         assert "dev/em" in child.data.metrics and child.data.params["finetune.evaluate_test"] == "false"
+        logged_down += sum(outage["down"] < h.timestamp < outage["up"]
+                           for key in child.data.metrics for h in client.get_metric_history(child.info.run_id, key))
+    print(f"server down {(outage['up'] - outage['down']) / 1000:.1f} s; {logged_down} metrics logged meanwhile, all arrived")
+    assert logged_down >= 1, outage
     selected = [c for c in children if c.data.tags.get("eae.selected") == "true"]
     assert [c.info.run_id for c in selected] == [best["mlflow_run_id"]]
     assert "test/em" in selected[0].data.metrics  # test evaluated for the selected trial only

@@ -1,6 +1,10 @@
 """The pretraining run that several modules compare against: 2 workers with the sharded entity
 table, 12 steps of the tiny preset on the gensim Wikipedia sample, once per test session
-(test_pretrain.py resumes and crashes runs against it; test_multinode.py runs it over two nodes)."""
+(test_pretrain.py resumes and crashes runs against it; test_multinode.py runs it over two nodes;
+test_pretrain_storage.py on a failing disk), and the example traces that compare them."""
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +14,19 @@ from eae_platform.pretrain.job import run
 
 STEPS = 12
 WINDOWS = list(range(4, STEPS + 1, 4))  # the steps that end a log window (train.log_every=4)
+
+
+def trace_records(run_dir: Path, rank: int) -> list[dict]:
+    """A rank's example-trace records (run_dir: train.storage_path/<name>) in the order written:
+    one per step a worker process ran, with its example ids and that process's pid (a relaunch or
+    a replacement appends to the same file); [] before the first."""
+    path = run_dir / f"examples-rank{rank}.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def example_trace(run_dir: Path) -> dict[tuple[int, int], list[int]]:
+    """{(rank, step): example ids} of both ranks, the last record winning (a resumed step is redone)."""
+    return {(rank, r["step"]): r["ids"] for rank in (0, 1) for r in trace_records(run_dir, rank)}
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 
 from eae_model.checkpoint import load_model
 from tests.conftest import free_port
-from tests.eae_platform.conftest import STEPS, WINDOWS, pretrain_overrides
+from tests.eae_platform.conftest import STEPS, WINDOWS, pretrain_overrides, trace_records
 from tests.eae_platform.serving_fixtures import make_model_dir, title
 
 EAE = Path(sys.executable).parent / "eae"
@@ -188,11 +188,6 @@ def test_the_workers_placement_is_pack_unless_set_and_an_unknown_one_is_refused(
         load_pretrain_config(preset="tiny", overrides=["train.placement_strategy=spread"])
 
 
-def _examples(tmp: Path, name: str, rank: int) -> list[dict]:
-    """Rank's trace records of run `name` (one per step: its example ids and the worker's pid)."""
-    return [json.loads(x) for x in (tmp / "ray" / name / f"examples-rank{rank}.jsonl").read_text().splitlines()]
-
-
 def _losses(uri: str) -> dict[int, float]:
     """{step: train/loss} of the one run in the store's eae-pretrain experiment."""
     client = MlflowClient(uri)
@@ -224,13 +219,13 @@ def test_pretraining_over_two_nodes_equals_the_one_node_run(uninterrupted, wiki,
                if a["class_name"] == "RayTrainWorker"}
     node_of_rank = {}
     for rank in (0, 1):
-        (pid,) = {r["pid"] for r in _examples(tmp_path, "two-nodes", rank)}
+        (pid,) = {r["pid"] for r in trace_records(tmp_path / "ray" / "two-nodes", rank)}
         node_of_rank[rank] = workers[pid]
     assert sorted(node_of_rank.values()) == sorted(two_nodes.nodes.values()), (node_of_rank, two_nodes.nodes)
 
     # the same examples at every step, the same losses
     for rank in (0, 1):
-        got, want = _examples(tmp_path, "two-nodes", rank), _examples(plain_tmp, "plain", rank)
+        got, want = trace_records(tmp_path / "ray" / "two-nodes", rank), trace_records(plain_tmp / "ray" / "plain", rank)
         assert [(r["step"], r["ids"]) for r in got] == [(r["step"], r["ids"]) for r in want]
     losses, reference = _losses(f"sqlite:///{tmp_path / 'mlflow.db'}"), _losses(plain_config.train.mlflow_uri)
     assert sorted(losses) == WINDOWS and losses == pytest.approx(reference, rel=1e-6, abs=0)
@@ -266,10 +261,10 @@ def test_a_node_killed_mid_pretraining_resumes_from_its_last_checkpoint_once_a_n
     try:
         deadline = time.monotonic() + 300
         while not all((tmp_path / "ray" / "node-lost" / f"examples-rank{r}.jsonl").is_file()
-                      and _examples(tmp_path, "node-lost", r)[-1]["step"] >= 9 for r in (0, 1)):
+                      and trace_records(tmp_path / "ray" / "node-lost", r)[-1]["step"] >= 9 for r in (0, 1)):
             assert job.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
             time.sleep(0.2)
-        before = {r: _examples(tmp_path, "node-lost", r) for r in (0, 1)}
+        before = {r: trace_records(tmp_path / "ray" / "node-lost", r) for r in (0, 1)}
         _replace_worker_node(two_nodes)
         job.wait(timeout=420)
     finally:
@@ -279,20 +274,21 @@ def test_a_node_killed_mid_pretraining_resumes_from_its_last_checkpoint_once_a_n
     assert job.returncode == 0 and f"finished at step {STEPS}" in text, text[-4000:]
 
     for rank in (0, 1):
-        records = _examples(tmp_path, "node-lost", rank)
+        records = trace_records(tmp_path / "ray" / "node-lost", rank)
         assert records[: len(before[rank])] == before[rank]
         new = records[len(before[rank]):]  # the replacement's: new processes only
         assert new and {r["pid"] for r in new}.isdisjoint(r["pid"] for r in before[rank]), rank
         resumed = new[0]["step"]
         assert resumed in (4, 8) and resumed <= before[rank][-1]["step"] + 1, (rank, resumed)  # a checkpoint's, not 0
         assert [r["step"] for r in new] == list(range(resumed, STEPS)), rank
-        want = {r["step"]: r["ids"] for r in _examples(plain_tmp, "plain", rank)}
+        want = {r["step"]: r["ids"] for r in trace_records(plain_tmp / "ray" / "plain", rank)}
         assert {r["step"]: r["ids"] for r in records} == want  # the last record of a redone step wins
     losses, reference = _losses(f"sqlite:///{tmp_path / 'mlflow.db'}"), _losses(plain_config.train.mlflow_uri)
     assert sorted(losses) == WINDOWS and losses == pytest.approx(reference, rel=1e-6, abs=0)
     # the driver's progress channel lived on the driver's node (the head): on the killed node it
     # died with it, and the workers' next progress line failed the run (a CI run)
-    channels = [a["node_id"] for a in _state(two_nodes, "actors", "class_name", "node_id") if a["class_name"] == "Channel"]
+    channels = [a["node_id"] for a in _state(two_nodes, "actors", "class_name", "node_id")
+                if a["class_name"] == "Channel"]
     assert channels and set(channels) == {two_nodes.nodes["head"]}, channels
     print(f"node killed at steps {[before[r][-1]['step'] for r in (0, 1)]}, resumed at step {resumed}")
 

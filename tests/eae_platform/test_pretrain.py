@@ -18,17 +18,7 @@ from eae_platform.pretrain import job
 from eae_platform.pretrain.config import load_pretrain_config
 from eae_platform.pretrain.job import run
 from eae_platform.tracking import download_model_dir
-from tests.eae_platform.conftest import STEPS, WINDOWS, pretrain_config
-
-
-def _trace(tmp, name):
-    """{(rank, step): example ids}, the last record winning (a resumed step is redone)."""
-    steps = {}
-    for rank in (0, 1):
-        for line in (tmp / "ray" / name / f"examples-rank{rank}.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            steps[rank, r["step"]] = r["ids"]
-    return steps
+from tests.eae_platform.conftest import STEPS, WINDOWS, example_trace, pretrain_config, trace_records
 
 
 def test_two_workers_train_with_falling_loss(uninterrupted):
@@ -38,7 +28,7 @@ def test_two_workers_train_with_falling_loss(uninterrupted):
     losses = [m.value for m in sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)]
     assert len(losses) == STEPS // 4 and losses[-1] < losses[0]
     # both workers consumed different examples at every step
-    trace = _trace(tmp, "plain")
+    trace = example_trace(tmp / "ray" / "plain")
     assert len(trace) == 2 * STEPS
     for step in range(STEPS):
         assert not set(trace[0, step]) & set(trace[1, step])
@@ -75,13 +65,6 @@ def test_mlflow_records_the_run(uninterrupted):
     local = download_model_dir(summary["model_uri"], tmp / "downloaded", uri=config.train.mlflow_uri)
     assert torch.equal(load_model(local).entity_table.weight, load_model(summary["model"]).entity_table.weight)
     assert (local / "entities.parquet").is_file()
-
-
-def _records(tmp, name, rank) -> list[dict]:
-    """A rank's trace records in the order written: one per step a worker process ran, with
-    that process's pid (a relaunch or a replacement appends to the same file)."""
-    trace = tmp / "ray" / name / f"examples-rank{rank}.jsonl"
-    return [json.loads(x) for x in trace.read_text().splitlines() if x.strip()] if trace.is_file() else []
 
 
 def _by_process(records: list[dict]) -> list[list[int]]:
@@ -150,7 +133,7 @@ def test_a_paused_then_killed_run_resumes_each_time_with_exactly_the_same_exampl
         return run(pretrain_config(wiki, tmp_path, "stopped", out=str(tmp_path / "model"), register_as="", **train))
 
     def records():
-        return {rank: _records(tmp_path, "stopped", rank) for rank in (0, 1)}
+        return {rank: trace_records(tmp_path / "ray" / "stopped", rank) for rank in (0, 1)}
 
     def new_records(before):
         """Each rank's records since `before`, written by processes that are all new."""
@@ -163,7 +146,7 @@ def test_a_paused_then_killed_run_resumes_each_time_with_exactly_the_same_exampl
 
     paused = relaunch(time_budget_s=1e-6)
     assert paused["paused_at_step"] == 4 and paused["model"] is None and not (tmp_path / "model").exists()
-    assert [r["step"] for r in _records(tmp_path, "stopped", 0)] == [0, 1, 2, 3]
+    assert [r["step"] for r in trace_records(tmp_path / "ray" / "stopped", 0)] == [0, 1, 2, 3]
     (first,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
     assert first.info.status == "KILLED" and first.data.tags["eae.paused_at_step"] == "4"
 
@@ -174,7 +157,8 @@ def test_a_paused_then_killed_run_resumes_each_time_with_exactly_the_same_exampl
     watcher.join(timeout=5)
     for rank, steps in new_records(before).items():  # from the pause's checkpoint, until the kill
         assert [r["step"] for r in steps] == list(range(4, 4 + len(steps))), rank
-    assert killed["step"] >= 9 and max(s for _, s in _trace(tmp_path, "stopped")) < STEPS - 1  # it really stopped early
+    # it really stopped early
+    assert killed["step"] >= 9 and max(s for _, s in example_trace(tmp_path / "ray" / "stopped")) < STEPS - 1
     assert client.get_run(first.info.run_id).info.status == "FAILED"  # not left RUNNING by the killed workers
     # the checkpoint the relaunch resumes: the killed run's latest that Ray Train registered,
     # past the pause's (which a relaunch that ignored the new one would redo)
@@ -187,7 +171,7 @@ def test_a_paused_then_killed_run_resumes_each_time_with_exactly_the_same_exampl
     assert client.get_run(first.info.run_id).info.status == "FINISHED"
     for rank, steps in new_records(before).items():  # each step after the checkpoint once
         assert [r["step"] for r in steps] == list(range(checkpoint, STEPS)), (rank, checkpoint)
-    assert _trace(tmp_path, "stopped") == _trace(plain_tmp, "plain")
+    assert example_trace(tmp_path / "ray" / "stopped") == example_trace(plain_tmp / "ray" / "plain")
     # same examples, same masks, same RNG: the same model as the uninterrupted run
     resumed, reference = load_model(tmp_path / "model"), load_model(plain["model"])
     for (name, a), (_, b) in zip(resumed.state_dict().items(), reference.state_dict().items()):
@@ -214,13 +198,13 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     for rank in (0, 1):
         # the killed worker group and its replacement (Ray Train restarts every worker): the
         # replacement starts at the checkpoint's step, not at step 0, and runs each step after it once
-        processes = _by_process(_records(tmp_path, "crash", rank))
+        processes = _by_process(trace_records(tmp_path / "ray" / "crash", rank))
         assert len(processes) == 2, (rank, processes)
         first, replacement = processes
         assert first[0] == 0 and first[-1] >= checkpoint, (rank, first)
         assert replacement == list(range(checkpoint, STEPS)), (rank, checkpoint, replacement)
     assert summary["metrics"]["step"] == STEPS
-    assert _trace(tmp_path, "crash") == _trace(plain_tmp, "plain")
+    assert example_trace(tmp_path / "ray" / "crash") == example_trace(plain_tmp / "ray" / "plain")
     client = MlflowClient(server.url)
     r = client.get_run(summary["mlflow_run_id"])
     assert r.data.params["train.name"] == "crash"
@@ -250,7 +234,7 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
     def kill_then_restart():
         deadline = time.time() + 600
         while time.time() < deadline:
-            steps = [r["step"] for r in _records(tmp_path, "outage", 0)]
+            steps = [r["step"] for r in trace_records(tmp_path / "ray" / "outage", 0)]
             if steps and steps[-1] >= 3:
                 server.kill()
                 outage["down"] = steps[-1]
@@ -258,9 +242,9 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
                 # index w to begin means its log call has failed and queued (a restart at once
                 # could answer the call's own retries: CI saw that)
                 w = next((w for w in WINDOWS if w - 1 >= steps[-1]), STEPS)
-                while not finished.is_set() and _records(tmp_path, "outage", 0)[-1]["step"] < w:
+                while not finished.is_set() and trace_records(tmp_path / "ray" / "outage", 0)[-1]["step"] < w:
                     time.sleep(0.1)
-                outage["up"] = _records(tmp_path, "outage", 0)[-1]["step"]
+                outage["up"] = trace_records(tmp_path / "ray" / "outage", 0)[-1]["step"]
                 server.start()  # returns once the server answers /health
                 return
             time.sleep(0.1)

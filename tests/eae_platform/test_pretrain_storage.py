@@ -19,7 +19,7 @@ from eae_model.checkpoint import load_model
 from eae_platform import cli
 from eae_platform.pretrain.job import last_checkpoint_state, run
 from eae_platform.pretrain.storage import append_record
-from tests.eae_platform.conftest import STEPS, pretrain_config, pretrain_overrides
+from tests.eae_platform.conftest import STEPS, example_trace, pretrain_config, pretrain_overrides, trace_records
 
 
 @pytest.fixture
@@ -50,17 +50,6 @@ def _remount(path: Path, mode: str) -> None:
 
 def _digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
-
-
-def _records(run_dir: Path) -> dict[int, list[dict]]:
-    """Each rank's trace records, in the order written (a relaunch appends to the same file)."""
-    return {rank: [json.loads(x) for x in (run_dir / f"examples-rank{rank}.jsonl").read_text().splitlines()]
-            for rank in (0, 1)}
-
-
-def _trace(run_dir: Path) -> dict[tuple[int, int], list[int]]:
-    """{(rank, step): example ids}, the last record winning (a resumed step is redone)."""
-    return {(rank, r["step"]): r["ids"] for rank, records in _records(run_dir).items() for r in records}
 
 
 def test_a_trace_record_is_appended_whole_or_not_at_all(tmpfs):
@@ -124,7 +113,7 @@ def test_storage_full_mid_run_keeps_the_last_checkpoint_and_a_relaunch_resumes_f
     assert "Traceback" not in err, err
     (err,) = [line for line in err.splitlines() if line.startswith("eae: error:")]  # besides MLflow's INFO lines
     assert filled.get("errno") == errno.ENOSPC and filled["step"] == 4, filled
-    trained = [[r["step"] for r in records] for records in _records(run_dir).values()]
+    trained = [[r["step"] for r in trace_records(run_dir, rank)] for rank in (0, 1)]
     failed = len(trained[0])  # steps trained: the failed write was the next checkpoint's, after its step's record
     assert trained == [list(range(failed))] * 2 and failed in (8, 12), trained
     lost = failed - 4
@@ -154,15 +143,16 @@ def test_storage_full_mid_run_keeps_the_last_checkpoint_and_a_relaunch_resumes_f
                    "nothing was started, and nothing there changed. Make it writable, then run the same command "
                    "again.\n")
 
-    before = _records(run_dir)
+    before = {rank: trace_records(run_dir, rank) for rank in (0, 1)}
     summary = run(pretrain_config(wiki, tmp_path, "full", **train))
-    for rank, records in _records(run_dir).items():  # the relaunch's new workers start at the checkpoint's step
+    # the relaunch's new workers start at the checkpoint's step
+    for rank, records in {rank: trace_records(run_dir, rank) for rank in (0, 1)}.items():
         added = records[len(before[rank]):]
         assert [r["step"] for r in added] == list(range(4, STEPS)), (rank, added)
         assert {r["pid"] for r in added}.isdisjoint(r["pid"] for r in before[rank])
     assert _digests(filled["path"]) == filled["digests"]
     # nothing lost: the uninterrupted run's examples, then its weights, in the one MLflow run
-    assert _trace(run_dir) == _trace(plain_tmp / "ray" / "plain")
+    assert example_trace(run_dir) == example_trace(plain_tmp / "ray" / "plain")
     resumed, reference = load_model(model), load_model(plain["model"])
     for (name, a), (_, b) in zip(resumed.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)

@@ -260,8 +260,9 @@ def test_a_node_killed_mid_pretraining_resumes_from_its_last_checkpoint_once_a_n
                                env=two_nodes.env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
-        while not all((tmp_path / "ray" / "node-lost" / f"examples-rank{r}.jsonl").is_file()
-                      and trace_records(tmp_path / "ray" / "node-lost", r)[-1]["step"] >= 9 for r in (0, 1)):
+        # (a trace is created empty, then written: a poll can find it with no record yet)
+        while not all((records := trace_records(tmp_path / "ray" / "node-lost", r)) and records[-1]["step"] >= 9
+                      for r in (0, 1)):
             assert job.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
             time.sleep(0.2)
         before = {r: trace_records(tmp_path / "ray" / "node-lost", r) for r in (0, 1)}

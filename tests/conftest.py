@@ -6,8 +6,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -128,6 +130,21 @@ class MlflowServer:
             time.sleep(0.25)
         self.stop()
         raise RuntimeError(f"mlflow server not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    @contextmanager
+    def outage(self, kill_then_restart, done: threading.Event, join_s: float):
+        """kill_then_restart() (which kills this server and starts it again) in a thread beside
+        the block; after the block: done set, the thread awaited, and the server started again
+        if the restart failed, for the module's next tests."""
+        thread = threading.Thread(target=kill_then_restart, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=join_s)
+            if self.proc is None:
+                self.start()
 
     def kill(self) -> None:
         """Crash it: SIGKILL to its process group (the server and its uvicorn worker)."""

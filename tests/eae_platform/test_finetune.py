@@ -161,15 +161,8 @@ grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
 
     client = MlflowClient(server.url)
 
-    thread = threading.Thread(target=kill_then_restart, daemon=True)
-    thread.start()
-    try:
+    with server.outage(kill_then_restart, done, join_s=120):
         summary = run_sweep(space)
-    finally:
-        done.set()
-        thread.join(timeout=120)
-        if server.proc is None:  # the restart failed: the module's server comes back for the next tests
-            server.start()
     assert "up" in outage, outage
     assert len(summary["trials"]) == 4 and not summary["failed"]
     assert {(t["lr"], t["batch_size"]) for t in summary["trials"]} == {(1e-3, 16), (1e-3, 32), (3e-4, 16), (3e-4, 32)}

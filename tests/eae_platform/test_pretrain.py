@@ -249,15 +249,8 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
                 return
             time.sleep(0.1)
 
-    thread = threading.Thread(target=kill_then_restart, daemon=True)
-    thread.start()
-    try:
+    with server.outage(kill_then_restart, finished, join_s=300):
         summary = run(config)
-    finally:
-        finished.set()
-        thread.join(timeout=300)
-        if server.proc is None:  # the restart failed: the module's server comes back for the next tests
-            server.start()
     # a window (logged at the end of step index w - 1) went to a dead server: killed no later than
     # that step began, restarted only after the next one began
     assert any(outage.get("down", 99) <= w - 1 < outage.get("up", 0) for w in WINDOWS), (

@@ -16,7 +16,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from websockets.sync.client import connect
 
 
 def chromium_binary() -> str:
@@ -46,6 +45,8 @@ class Browser:
         port = int(port_file.read_text().split("\n")[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             page = next(t for t in json.loads(r.read()) if t["type"] == "page")
+        from websockets.sync.client import connect  # here: the GPU machines, which run test_serve.py, lack it
+
         self.ws = connect(page["webSocketDebuggerUrl"], max_size=2**26, open_timeout=timeout)
         self._ids = itertools.count(1)
 

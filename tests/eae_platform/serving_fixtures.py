@@ -23,14 +23,16 @@ def aliases(i: int) -> list[str]:
     return [f"E{i}", f"number {i}"]
 
 
-def make_model_dir(directory: Path, max_length: int = 64, seed: int = 0, corpus: str | None = "wikipedia") -> Path:
-    """The tiny preset (512 x 32 entities) with `max_length`, saved with entities.parquet (its
-    titles said to come from `corpus`, as `eae data build` records it; None: not recorded)
-    and aliases.parquet."""
+def make_model_dir(directory: Path, max_length: int = 64, seed: int = 0, corpus: str | None = "wikipedia",
+                   num_entities: int | None = None) -> Path:
+    """The tiny preset (512 x 32 entities, or `num_entities` x 32) with `max_length`, saved with
+    entities.parquet (its titles said to come from `corpus`, as `eae data build` records it;
+    None: not recorded) and aliases.parquet."""
     from eae_platform.preprocess.build import CORPUS_KEY
 
     torch.manual_seed(seed)
-    model = EaEModel(load_config("tiny", overrides=[f"max_length={max_length}"]))
+    overrides = [f"max_length={max_length}"] + ([f"num_entities={num_entities}"] if num_entities else [])
+    model = EaEModel(load_config("tiny", overrides=overrides))
     save_model(model, directory)
     n = model.config.num_entities
     entities = pa.table({"entity_id": pa.array(range(n), pa.int32()), "title": [title(i) for i in range(n)],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -70,6 +71,14 @@ def _model_replicas(ray) -> list[str]:
                   if a["name"].startswith(f"SERVE_REPLICA::{APP}#EaEModelServer"))
 
 
+# EAE_TEST_SERVE_DEVICE=cuda (on a GPU machine; docs/serving.md has the command): the replicas
+# share the GPU, and the table has 20,000 rows, so that retrieval takes the exact top-k kernel
+# rather than its small-table fallback (below (k + slack) x 128 rows). Default: the CPU path.
+DEVICE = os.environ.get("EAE_TEST_SERVE_DEVICE", "cpu")
+if DEVICE not in ("cpu", "cuda"):
+    raise ValueError(f"EAE_TEST_SERVE_DEVICE must be cpu or cuda, got {DEVICE!r}")
+
+
 @pytest.fixture(scope="module")
 def server(ray_cluster, tmp_path_factory):
     from ray import serve
@@ -78,12 +87,13 @@ def server(ray_cluster, tmp_path_factory):
     from eae_platform.serving.app import build_app
 
     tmp = tmp_path_factory.mktemp("serve")
-    model_dir = make_model_dir(tmp / "model")
+    model_dir = make_model_dir(tmp / "model", num_entities=20_000 if DEVICE == "cuda" else None)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     host = build_parser().parse_args(["serve", "--model", str(model_dir)]).host  # `eae serve`'s default
     serve.start(http_options={"host": host, "port": port})
     settings = {"model": str(model_dir), "num_replicas": 2, "cpus_per_replica": 0.5, "max_batch_size": 8,
+                "gpus_per_replica": 0.5 if DEVICE == "cuda" else 0.0,
                 "engine": {"entity_store": str(tmp / "store"), "max_text_chars": 2000}}
     t0 = time.monotonic()
     serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
@@ -200,19 +210,27 @@ def _queries(out):
 
 def test_served_entity_ids_equal_the_model_s_own_forward_and_exact_top_k(server):
     """/v1/link (given spans and detected mentions) and /v1/answer, over HTTP through the
-    replicas' faiss index (the CPU path), answer the entity ids that the saved model itself
-    gives: its own forward (its own EntityTable, no faiss) on [CLS] text [SEP], then
-    torch.topk over the dot products of its queries with the whole entity table; scores are
-    the softmax over the best 100 of those. (The GPU path, eae_model's exact top-k kernel
-    behind the index, needs a GPU and is not run here.)"""
+    replicas' index, answer the entity ids that the saved model itself gives: its own forward
+    on the CPU (its own EntityTable, no index) on [CLS] text [SEP], then torch.topk over the
+    dot products of its queries with the whole entity table; scores are the softmax over the
+    best 100 of those. The index is faiss on the CPU path; with EAE_TEST_SERVE_DEVICE=cuda it
+    is eae_model's exact top-k kernel on the GPU, for the memory's top-k and the candidates."""
     from eae_data.constants import MASK_TOKEN_ID
     from eae_data.tokenizer import WordPieceTokenizer
     from eae_model import bio
     from eae_model.checkpoint import load_model
     from eae_model.mentions import Mentions
 
+    from eae_model.kernels.common import TILE_ROWS
+
     # entities added through /v1/entities would be rows the saved model lacks: run this first
     assert not (server.store / "added-entities.json").exists(), "the served table has added entities"
+    served_by = call(server.url, "/readyz")[1]["model"]
+    if DEVICE == "cuda":  # the kernel itself, not its fallback for tables under (k + slack) tiles
+        assert (served_by["device"], served_by["index"]["backend"]) == ("cuda", "triton"), served_by
+        assert served_by["entities"] >= (100 + 16) * TILE_ROWS
+    else:
+        assert (served_by["device"], served_by["index"]["backend"]) == ("cpu", "faiss"), served_by
     model = load_model(server.tmp / "model").eval()
     table = model.entity_table.weight.detach()
     tokenizer = WordPieceTokenizer()

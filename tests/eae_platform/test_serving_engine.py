@@ -319,13 +319,28 @@ def test_two_replicas_adding_to_one_store_never_reuse_an_id(model_dir, tmp_path)
     assert a.titles[512:] == ["Old Mill", "New Mill"]
 
 
-def test_faiss_table_retrieves_as_the_model_s_own_table():
+@pytest.mark.parametrize("backend", ["faiss", "triton"])
+def test_faiss_table_retrieves_as_the_model_s_own_table(backend):
+    """Through either index (triton: the GPU path's, here under Triton's interpreter), also
+    after rows are appended; the triton table keeps one copy of E, the index's."""
     from eae_model.entity_table import entity_attention
     from eae_platform.serving.table import FaissEntityTable
 
     torch.manual_seed(0)
     weight, h = torch.randn(300, 16), torch.randn(7, 16)
-    table = FaissEntityTable(weight)
+    table = FaissEntityTable(weight, IndexConfig(backend=backend))
+    assert table.index.backend == backend
     for k in (1, 10, None):
         expected, _ = entity_attention(h, weight, k)
+        assert torch.allclose(table.attend(h, k).retrieved, expected, atol=1e-5)
+    assert table.add_rows(3 * h[:2]) == [300, 301]
+    grown = torch.cat([weight, 3 * h[:2]])
+    assert torch.equal(table.weight, grown) and len(table.index) == 302
+    if backend == "triton":
+        assert table.weight is table.index.index.rows
+    scores, ids = table.top_k(h, 10)
+    want = (h @ grown.T).topk(10)
+    assert torch.equal(ids, want.indices) and torch.allclose(scores, want.values, atol=1e-5)
+    for k in (1, 10):
+        expected, _ = entity_attention(h, grown, k)
         assert torch.allclose(table.attend(h, k).retrieved, expected, atol=1e-5)

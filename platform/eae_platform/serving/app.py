@@ -138,7 +138,9 @@ class EaEModelServer:
             if s.engine.num_threads is None:
                 # torch's default is every core of the node: replicas would oversubscribe them
                 s.engine.num_threads = max(1, round(s.cpus_per_replica))
-            self.engine = Engine(resolve(s.model, s.entities, s.mlflow_uri), s.engine)
+            # A replica given no GPU may still see the node's GPUs: the device follows the request
+            device = "cuda" if s.gpus_per_replica > 0 else "cpu"
+            self.engine = Engine(resolve(s.model, s.entities, s.mlflow_uri), s.engine, device)
         except Exception as exc:  # reported by /readyz, and by every request
             self.load_error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()

@@ -131,19 +131,26 @@ def parse_spans(spans, text: str, max_spans: int) -> list[tuple[int, int]]:
 
 
 class Engine:
-    def __init__(self, files: ModelFiles, config: EngineConfig | None = None, device: str = "cpu"):
+    def __init__(self, files: ModelFiles, config: EngineConfig | None = None, device: str | None = None):
+        """device: "cpu" or "cuda"; None: a GPU when one is visible (the Serve app says which:
+        a replica without GPUs may still see one)."""
         from eae_data.tokenizer import WordPieceTokenizer
         from eae_model.checkpoint import load_model
 
         self.config = c = config or EngineConfig()
         if c.num_threads:
             torch.set_num_threads(c.num_threads)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("the engine was asked to run on a GPU, and torch sees none (gpus_per_replica > 0 "
+                               "on a node without GPUs, or a CPU-only torch)")
         self.files = files
-        self.model = load_model(files.model_dir, device).eval()
+        self.model = load_model(files.model_dir, self.device).eval()
         if self.model.entity_table is None:
             raise ValueError(f"model {files.source}: preset {self.model.config.preset!r} has no entity table to link to")
         self.base_entities = self.model.entity_table.num_entities
-        self.table = FaissEntityTable(self.model.entity_table.weight, c.index)
+        # On a GPU the memory's top-k and the candidates come from the exact top-k kernel (a flat index)
+        self.table = FaissEntityTable(self.model.entity_table.weight, c.index, self.device)
         self.model.entity_table = self.table
         self.titles = read_titles(files.titles_file, self.base_entities)
         self.title_ids = {t: i for i, t in enumerate(self.titles) if t is not None}
@@ -160,7 +167,7 @@ class Engine:
     def describe(self) -> dict:
         c = self.model.config
         return {
-            "model": self.files.source, "preset": c.preset, "max_length": c.max_length,
+            "model": self.files.source, "preset": c.preset, "max_length": c.max_length, "device": self.device.type,
             "entities": self.table.num_entities, "added_entities": self.table.num_entities - self.base_entities,
             "titles": self.files.titles_file is not None, "titles_from": self.titles_from,
             "index": self.table.index.describe(),
@@ -263,15 +270,14 @@ class Engine:
 
     # --- the model -----------------------------------------------------------------------
 
-    @staticmethod
-    def _pad(windows: list[Window], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pad(self, windows: list[Window], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(w.ids) for w in windows)
         ids = torch.full((len(windows), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(windows), width), dtype=torch.long)
         for b, w in enumerate(windows):
             ids[b, : len(w.ids)] = torch.tensor(w.ids)
             mask[b, : len(w.ids)] = 1
-        return ids, mask
+        return ids.to(self.device), mask.to(self.device)
 
     @torch.no_grad()
     def _detect(self, windows: list[Window]) -> None:
@@ -287,8 +293,9 @@ class Engine:
             allowed[b, w.answer_at] = False
         tags = bio.decode_bio(m.mention_head(x1), allowed)
         found = bio.tags_to_mentions(tags)
+        mentions = list(zip(found.batch_ids.tolist(), found.starts.tolist(), found.ends.tolist()))
         for b, w in enumerate(windows):
-            w.spans = [(int(s), int(t)) for i, s, t in zip(found.batch_ids, found.starts, found.ends) if int(i) == b]
+            w.spans = [(s, t) for i, s, t in mentions if i == b]
 
     @torch.no_grad()
     def _run(self, windows: list[Window], given: bool, retrieve_k: int) -> list[list[dict]]:
@@ -299,19 +306,20 @@ class Engine:
         spans = None
         if given:
             lists = [list(w.spans) + ([(w.answer_at, w.answer_at)] if w.answer_at is not None else []) for w in windows]
-            spans = Mentions.from_lists([sorted(s) for s in lists])
+            spans = Mentions.from_lists([sorted(s) for s in lists]).to(self.device)
         out = m(ids, mask, mentions=spans)
         found = out.mentions
         queries = out.entity_queries if out.entity_queries is not None else out.memory.pseudo_embeddings
         logits, entity_ids = self.table.top_k(queries, retrieve_k)
         probs = torch.softmax(logits.masked_fill(entity_ids < 0, float("-inf")), -1).nan_to_num(0.0)
+        logits, entity_ids, probs = logits.cpu(), entity_ids.cpu(), probs.cpu()  # one copy, not one per item
         md_conf = self._mention_confidence(out.bio_logits, found)
         per_window: list[list[dict]] = [[] for _ in windows]
-        for i in range(len(found)):
-            b = int(found.batch_ids[i])
+        batch_ids, starts, ends = found.batch_ids.tolist(), found.starts.tolist(), found.ends.tolist()
+        for i, b in enumerate(batch_ids):
             keep = entity_ids[i] >= 0
             per_window[b].append({
-                "span": (int(found.starts[i]), int(found.ends[i])), "md_conf": md_conf[i],
+                "span": (starts[i], ends[i]), "md_conf": md_conf[i],
                 "ids": entity_ids[i][keep].tolist(), "scores": probs[i][keep].tolist(), "logits": logits[i][keep].tolist(),
             })  # fmt: skip
         return per_window
@@ -321,7 +329,7 @@ class Engine:
         """Per mention: exp(mean log p(tag)) of its B then I tags under the BIO head."""
         if bio_logits is None:
             return [None] * len(found)
-        logp = torch.log_softmax(bio_logits.float(), -1)
+        logp = torch.log_softmax(bio_logits.float(), -1).cpu()
         out = []
         for b, s, t in zip(found.batch_ids.tolist(), found.starts.tolist(), found.ends.tolist()):
             total = logp[b, s, bio.B] + logp[b, s + 1 : t + 1, bio.I].sum()
@@ -405,7 +413,7 @@ class Engine:
         m = self.model
         ids, mask = self._pad(windows, m.config.pad_token_id)
         with torch.no_grad():
-            out = m(ids, mask, mentions=Mentions.from_lists([w.spans for w in windows]))
+            out = m(ids, mask, mentions=Mentions.from_lists([w.spans for w in windows]).to(self.device))
         source = self.config.embed_source
         if source == "entity_pred" and out.entity_queries is None:
             source = "memory"
@@ -520,7 +528,7 @@ class Engine:
 
         store = Path(self.config.entity_store)
         store.mkdir(parents=True, exist_ok=True)
-        added = self.table.weight[self.base_entities :].contiguous()
+        added = self.table.weight[self.base_entities :].cpu().contiguous()
         meta = {"base_entities": self.base_entities, "dim": int(added.shape[1]), "model": self.files.source,
                 "titles": self.titles[self.base_entities :], "saved_at": time.time()}
         # Rows first, then the JSON that names them; both by rename, so a reader never sees half.

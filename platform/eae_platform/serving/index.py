@@ -46,24 +46,32 @@ class IndexConfig:
 
 
 def gpu_available() -> bool:
-    import faiss
-
+    """faiss-gpu installed and a GPU visible (False without faiss: the GPU machines lack it)."""
+    try:
+        import faiss
+    except ImportError:
+        return False
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-def _triton_device(config: IndexConfig):
+def _wants_gpu(device) -> bool:
+    """device: where the engine's model runs ("cpu", "cuda"); None: a GPU when one is visible."""
+    return torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+
+
+def _triton_device(config: IndexConfig, device=None):
     """Where the triton backend runs, or None where it does not apply: asked for, it needs a
     GPU (or Triton's interpreter, CPU tests); by default it serves a flat index on a GPU when
     faiss-gpu is absent and use_gpu is not false."""
     from eae_model.kernels.fused_memory import triton_interpreted
 
     if config.backend == "triton":
-        if torch.cuda.is_available():
+        if _wants_gpu(device) and torch.cuda.is_available():
             return torch.device("cuda")
         if triton_interpreted():
             return torch.device("cpu")
         raise RuntimeError("index backend triton needs a GPU (or TRITON_INTERPRET=1)")
-    if config.backend is None and config.kind == "flat" and config.use_gpu is not False and torch.cuda.is_available():
+    if config.backend is None and config.kind == "flat" and config.use_gpu is not False and _wants_gpu(device):
         try:
             import triton  # noqa: F401
         except ImportError:
@@ -96,30 +104,37 @@ class TritonFlatIndex:
         self._grow(new)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, ids = self.search_tensor(torch.from_numpy(queries), k)
+        return scores.cpu().numpy(), ids.cpu().numpy()
+
+    def search_tensor(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """queries [M, d] (any device) -> (scores [M, k], ids [M, k]) on the index's device:
+        the engine's GPU path, with no round trip through host memory."""
         from eae_model.kernels.exact_topk import tile_top_k
 
-        q = torch.from_numpy(queries).to(self.device)
-        scores, ids = tile_top_k(q, self.rows, k, row_norm_max=self.norm_max)
-        return scores.cpu().numpy(), ids.cpu().numpy()
+        q = queries.to(self.device, torch.float32)
+        return tile_top_k(q, self.rows, k, row_norm_max=self.norm_max)
 
 
 class EntityIndex:
     """faiss index over the rows of E ([N, d], float32). search(queries [M, d], k) ->
     (scores [M, k], ids [M, k]); k is clipped to N."""
 
-    def __init__(self, entities: np.ndarray, config: IndexConfig | None = None):
-        import faiss
-
+    def __init__(self, entities: np.ndarray, config: IndexConfig | None = None, device=None):
+        """device: where the engine's model runs ("cpu" or "cuda"; None: a GPU when one is
+        visible); a GPU index only goes with a GPU model."""
         self.config = c = config or IndexConfig()
         entities = np.ascontiguousarray(entities, dtype=np.float32)
         n, d = entities.shape
         self.dim = d
         self.backend = "faiss"
-        device = _triton_device(c)
-        if device is not None:
-            self.index, self.backend = TritonFlatIndex(entities, device), "triton"
-            self.device = "gpu" if device.type == "cuda" else "cpu"
+        triton_device = _triton_device(c, device)
+        if triton_device is not None:
+            self.index, self.backend = TritonFlatIndex(entities, triton_device), "triton"
+            self.device = "gpu" if triton_device.type == "cuda" else "cpu"
             return
+        import faiss  # here, not above: the triton backend runs where faiss is not installed
+
         if c.kind == "flat":
             index = faiss.IndexFlatIP(d)
         elif c.kind == "ivf":
@@ -132,7 +147,7 @@ class EntityIndex:
             index.hnsw.efSearch = c.ef_search
         index.add(entities)
         self.device = "cpu"
-        use_gpu = gpu_available() if c.use_gpu is None else c.use_gpu
+        use_gpu = (_wants_gpu(device) and gpu_available()) if c.use_gpu is None else c.use_gpu
         if use_gpu and c.kind == "flat":
             if not gpu_available():
                 raise RuntimeError("use_gpu: faiss-gpu and a visible GPU are needed (pip install '.[gpu]')")
@@ -155,6 +170,16 @@ class EntityIndex:
             return np.zeros((queries.shape[0], k), np.float32), np.zeros((queries.shape[0], k), np.int64)
         scores, ids = self.index.search(queries, k)
         return scores, ids
+
+    def search_tensor(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """search() for torch queries [M, d]; the results are on the queries' device. The triton
+        backend searches them where they are (a GPU model's queries never visit the host)."""
+        k = min(k, len(self))
+        if self.backend == "triton" and queries.shape[0] and k:
+            scores, ids = self.index.search_tensor(queries.reshape(-1, self.dim), k)
+            return scores.to(queries.device), ids.to(queries.device)
+        scores, ids = self.search(queries.detach().float().cpu().numpy(), k)
+        return torch.from_numpy(scores).to(queries.device), torch.from_numpy(ids).to(queries.device)
 
     def describe(self) -> dict:
         c = self.config

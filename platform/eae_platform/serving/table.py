@@ -1,5 +1,6 @@
-"""The entity table at inference: E in memory plus a faiss index over it, with the interface
-of eae_model.entity_table.EntityTable, so EaEModel's memory retrieves its top-k through faiss.
+"""The entity table at inference: E in memory plus an index over it (faiss, or on a GPU the
+exact top-k kernel), with the interface of eae_model.entity_table.EntityTable, so EaEModel's
+memory retrieves its top-k through the index.
 
 Rows can be appended (new entities, `add_rows`): E and the index grow together, and the new
 ids are N, N+1, ... No loss is computed (nothing here trains); EntityPred's call
@@ -17,10 +18,20 @@ from eae_platform.serving.index import EntityIndex, IndexConfig
 
 
 class FaissEntityTable(nn.Module):
-    def __init__(self, weight: torch.Tensor, index_config: IndexConfig | None = None):
+    def __init__(self, weight: torch.Tensor, index_config: IndexConfig | None = None, device=None):
+        """weight: E [N, d]; device: where the model runs (None: where `weight` is). On a GPU,
+        a flat index is the exact top-k kernel over the rows on the GPU, and E is those rows
+        (one copy of a 1M x 256 table, not two)."""
         super().__init__()
-        self.weight = weight.detach().float().contiguous()  # E, [N, d]; a buffer that can grow
-        self.index = EntityIndex(self.weight.numpy(), index_config)
+        device = torch.device(device) if device is not None else weight.device
+        weight = weight.detach().float()
+        self.index = EntityIndex(weight.cpu().numpy(), index_config, device)
+        shared = self._rows()
+        self.weight = shared if shared is not None else weight.to(device).contiguous()  # a buffer that can grow
+
+    def _rows(self) -> torch.Tensor | None:
+        """The triton index's rows on its device, which E shares; None for a faiss index."""
+        return self.index.index.rows if self.index.backend == "triton" else None
 
     @property
     def num_entities(self) -> int:
@@ -30,15 +41,15 @@ class FaissEntityTable(nn.Module):
         """Append rows [n, d]; returns their ids."""
         rows = rows.detach().float().reshape(-1, self.weight.shape[1])
         first = self.num_entities
-        self.weight = torch.cat([self.weight, rows])
-        self.index.add(rows.numpy())
+        self.index.add(rows.cpu().numpy())
+        shared = self._rows()
+        self.weight = shared if shared is not None else torch.cat([self.weight, rows.to(self.weight.device)])
         return list(range(first, self.num_entities))
 
     @torch.no_grad()
     def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores [M, k], ids [M, k]) by faiss; ids -1 where an approximate index found fewer."""
-        scores, ids = self.index.search(h.detach().float().numpy(), k)
-        return torch.from_numpy(scores), torch.from_numpy(ids)
+        """(scores [M, k], ids [M, k]) on h's device; ids -1 where an approximate index found fewer."""
+        return self.index.search_tensor(h.detach().float(), k)
 
     @torch.no_grad()
     def attend(self, h: torch.Tensor, k: int | None, targets: torch.Tensor | None = None,

@@ -93,7 +93,8 @@ def server(ray_cluster, tmp_path_factory):
     host = build_parser().parse_args(["serve", "--model", str(model_dir)]).host  # `eae serve`'s default
     serve.start(http_options={"host": host, "port": port})
     settings = {"model": str(model_dir), "num_replicas": 2, "cpus_per_replica": 0.5, "max_batch_size": 8,
-                "gpus_per_replica": 0.5 if DEVICE == "cuda" else 0.0,
+                # the default (null) on CI's cluster, which has no GPU: the CPU path
+                **({"gpus_per_replica": 0.5} if DEVICE == "cuda" else {}),
                 "engine": {"entity_store": str(tmp / "store"), "max_text_chars": 2000}}
     t0 = time.monotonic()
     serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
@@ -516,6 +517,6 @@ def test_serve_deploy_config_is_valid():
     app = config["applications"][0]
     assert app["import_path"] == "eae_platform.serving.app:build_app" and config["http_options"]["host"] == "127.0.0.1"
     settings = ServeSettings.from_args(app["args"])
-    assert settings.engine.index.kind == "flat" and settings.batching
+    assert settings.engine.index.kind == "flat" and settings.batching and settings.gpus_per_replica is None
     with pytest.raises(ValueError, match="unknown serve settings: colour"):
         ServeSettings.from_args({**app["args"], "colour": "blue"})

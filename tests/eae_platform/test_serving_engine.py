@@ -243,6 +243,20 @@ def test_serve_settings_from_flags_and_the_deploy_config(model_dir, monkeypatch,
     assert main(["serve", "--model", str(tmp_path / "missing")]) == 2  # refused before Ray starts
 
 
+def test_a_replica_takes_a_share_of_the_cluster_s_gpus_unless_told():
+    """gpus_per_replica null (the default): the cluster's GPUs shared, at most one a replica;
+    on CI's GPU-less cluster the CPU path (test_serve.py's replicas run so, /readyz says cpu)."""
+    from eae_platform.serving.app import ServeSettings, replica_gpus
+
+    assert replica_gpus(None, 0, 2) == 0.0
+    assert replica_gpus(None, 1, 2) == 0.5 and replica_gpus(None, 1, 1) == 1.0
+    assert replica_gpus(None, 8, 2) == 1.0  # a second GPU would sit idle under one model
+    assert replica_gpus(0.0, 8, 1) == 0.0 and replica_gpus(0.25, 0, 1) == 0.25  # given: kept
+    assert ServeSettings(model="m").gpus_per_replica is None
+    with pytest.raises(ValueError, match="gpus_per_replica must be >= 0"):
+        ServeSettings(model="m", gpus_per_replica=-1)
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__()

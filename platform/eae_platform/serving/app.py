@@ -48,7 +48,7 @@ class ServeSettings:
     mlflow_uri: str | None = None  # for models:/ URIs; default MLFLOW_TRACKING_URI, else ./mlflow.db
     num_replicas: int = 1
     cpus_per_replica: float = 1.0
-    gpus_per_replica: float = 0.0
+    gpus_per_replica: float | None = None  # None: replica_gpus' share of the cluster's GPUs, 0 without any
     batching: bool = True
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
@@ -65,6 +65,8 @@ class ServeSettings:
             raise ValueError("model is required: models:/name@alias, a model directory or a checkpoint")
         if self.num_replicas < 1 or self.max_batch_size < 1 or self.batch_wait_timeout_s < 0:
             raise ValueError("num_replicas and max_batch_size must be >= 1, batch_wait_timeout_s >= 0")
+        if self.gpus_per_replica is not None and self.gpus_per_replica < 0:
+            raise ValueError(f"gpus_per_replica must be >= 0 (or null: the cluster's GPUs shared), got {self.gpus_per_replica}")
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "ServeSettings":
@@ -73,6 +75,15 @@ class ServeSettings:
         if unknown:
             raise ValueError(f"unknown serve settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**args)
+
+
+def replica_gpus(given: float | None, cluster_gpus: float, replicas: int) -> float:
+    """GPUs per model replica: `given` when set; else, as the other `eae` commands take a GPU
+    where the cluster has one, an equal share of the cluster's GPUs, at most one a replica
+    (a replica runs one model: a second GPU would sit idle), and 0 without any."""
+    if given is not None:
+        return float(given)
+    return min(1.0, cluster_gpus / replicas) if cluster_gpus > 0 else 0.0
 
 
 # --- request bodies (strict: a number where a string belongs is refused, not converted) -------
@@ -139,7 +150,7 @@ class EaEModelServer:
                 # torch's default is every core of the node: replicas would oversubscribe them
                 s.engine.num_threads = max(1, round(s.cpus_per_replica))
             # A replica given no GPU may still see the node's GPUs: the device follows the request
-            device = "cuda" if s.gpus_per_replica > 0 else "cpu"
+            device = "cuda" if (s.gpus_per_replica or 0) > 0 else "cpu"
             self.engine = Engine(resolve(s.model, s.entities, s.mlflow_uri), s.engine, device)
         except Exception as exc:  # reported by /readyz, and by every request
             self.load_error = f"{type(exc).__name__}: {exc}"
@@ -360,7 +371,15 @@ class EaEApi:
 
 def build_app(args: dict[str, Any]):
     """Application builder (`import_path: eae_platform.serving.app:build_app` with `args:`)."""
+    import ray
+
     s = ServeSettings.from_args(args)
+    if s.gpus_per_replica is None:  # the builder runs where Ray is (eae serve's driver, Serve's controller)
+        cluster_gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+        s.gpus_per_replica = replica_gpus(None, cluster_gpus, s.num_replicas)
+        if s.gpus_per_replica:
+            print(f"[eae serve] the cluster has {cluster_gpus:g} GPU(s): {s.gpus_per_replica:g} per replica "
+                  "(gpus_per_replica=0 serves on CPUs)")
     if s.num_replicas > 1 and not s.engine.entity_store:
         print("[eae serve] note: with several replicas, entities added without an entity store reach one replica only")
     model = EaEModelServer.options(

@@ -183,7 +183,7 @@ def main() -> int:
     torch.set_num_threads(threads)
     baseline = in_process_baseline(model_dir, args.seconds, args.device, args.endpoints)
     torch.set_num_threads(2)
-    print(f"model: preset {args.preset} {' '.join(args.set)} on {args.device}, index {baseline['index']}, engine loaded in "
+    print(f"model: preset {' '.join([args.preset, *args.set])} on {args.device}, index {baseline['index']}, engine loaded in "
           f"{baseline['engine_load_s']:.1f} s", flush=True)
     for endpoint in args.endpoints:
         print(f"in-process engine /v1/{endpoint}, {threads} thread(s): {baseline[f'{endpoint}_batch_1_per_s']:.1f} "

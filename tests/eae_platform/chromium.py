@@ -17,7 +17,6 @@ import urllib.request
 from pathlib import Path
 
 
-
 def chromium_binary() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name)

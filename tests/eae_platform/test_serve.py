@@ -220,9 +220,8 @@ def test_served_entity_ids_equal_the_model_s_own_forward_and_exact_top_k(server)
     from eae_data.tokenizer import WordPieceTokenizer
     from eae_model import bio
     from eae_model.checkpoint import load_model
-    from eae_model.mentions import Mentions
-
     from eae_model.kernels.common import TILE_ROWS
+    from eae_model.mentions import Mentions
 
     # entities added through /v1/entities would be rows the saved model lacks: run this first
     assert not (server.store / "added-entities.json").exists(), "the served table has added entities"

@@ -313,25 +313,25 @@ class Engine:
         logits, entity_ids = self.table.top_k(queries, retrieve_k)
         probs = torch.softmax(logits.masked_fill(entity_ids < 0, float("-inf")), -1).nan_to_num(0.0)
         logits, entity_ids, probs = logits.cpu(), entity_ids.cpu(), probs.cpu()  # one copy, not one per item
-        md_conf = self._mention_confidence(out.bio_logits, found)
+        spans_found = list(zip(found.batch_ids.tolist(), found.starts.tolist(), found.ends.tolist()))
+        md_conf = self._mention_confidence(out.bio_logits, spans_found)
         per_window: list[list[dict]] = [[] for _ in windows]
-        batch_ids, starts, ends = found.batch_ids.tolist(), found.starts.tolist(), found.ends.tolist()
-        for i, b in enumerate(batch_ids):
+        for i, (b, s, t) in enumerate(spans_found):
             keep = entity_ids[i] >= 0
             per_window[b].append({
-                "span": (starts[i], ends[i]), "md_conf": md_conf[i],
+                "span": (s, t), "md_conf": md_conf[i],
                 "ids": entity_ids[i][keep].tolist(), "scores": probs[i][keep].tolist(), "logits": logits[i][keep].tolist(),
             })  # fmt: skip
         return per_window
 
     @staticmethod
-    def _mention_confidence(bio_logits: torch.Tensor | None, found: Mentions) -> list[float | None]:
-        """Per mention: exp(mean log p(tag)) of its B then I tags under the BIO head."""
+    def _mention_confidence(bio_logits: torch.Tensor | None, spans: list[tuple[int, int, int]]) -> list[float | None]:
+        """Per mention (batch row, start, end): exp(mean log p(tag)) of its B then I tags under the BIO head."""
         if bio_logits is None:
-            return [None] * len(found)
+            return [None] * len(spans)
         logp = torch.log_softmax(bio_logits.float(), -1).cpu()
         out = []
-        for b, s, t in zip(found.batch_ids.tolist(), found.starts.tolist(), found.ends.tolist()):
+        for b, s, t in spans:
             total = logp[b, s, bio.B] + logp[b, s + 1 : t + 1, bio.I].sum()
             out.append(math.exp(float(total) / (t - s + 1)))
         return out

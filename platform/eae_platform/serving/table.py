@@ -26,12 +26,12 @@ class FaissEntityTable(nn.Module):
         device = torch.device(device) if device is not None else weight.device
         weight = weight.detach().float()
         self.index = EntityIndex(weight.cpu().numpy(), index_config, device)
-        shared = self._rows()
-        self.weight = shared if shared is not None else weight.to(device).contiguous()  # a buffer that can grow
+        # E, [N, d], a buffer that can grow; for the triton index, its rows (the property below)
+        self._weight = None if self.index.backend == "triton" else weight.to(device).contiguous()
 
-    def _rows(self) -> torch.Tensor | None:
-        """The triton index's rows on its device, which E shares; None for a faiss index."""
-        return self.index.index.rows if self.index.backend == "triton" else None
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.index.index.rows if self._weight is None else self._weight
 
     @property
     def num_entities(self) -> int:
@@ -42,8 +42,8 @@ class FaissEntityTable(nn.Module):
         rows = rows.detach().float().reshape(-1, self.weight.shape[1])
         first = self.num_entities
         self.index.add(rows.cpu().numpy())
-        shared = self._rows()
-        self.weight = shared if shared is not None else torch.cat([self.weight, rows.to(self.weight.device)])
+        if self._weight is not None:
+            self._weight = torch.cat([self._weight, rows.to(self._weight.device)])
         return list(range(first, self.num_entities))
 
     @torch.no_grad()

@@ -1,12 +1,16 @@
 """GradientSync: the replicated gradients averaged over two real workers (spawned processes,
 gloo), in buckets launched while the backward runs, equal to the average of each worker's own
-gradients computed in one process."""
+gradients computed in one process; `averaged`, the loop's choice between it and DDP
+(train.grad_sync), leaves each worker's table rows alone in both."""
 
 from __future__ import annotations
 
+import functools
+
+import pytest
 import torch
 
-from eae_platform.pretrain.grad_sync import GradientSync
+from eae_platform.pretrain.grad_sync import GradientSync, averaged
 from eae_platform.pretrain.profiling import SpanTimer
 from tests.eae_platform.gloo_workers import run_workers
 
@@ -107,3 +111,55 @@ def test_one_worker_registers_nothing():
         assert (g is None) == (want[name] is None)
         if g is not None:
             torch.testing.assert_close(g, want[name], rtol=0, atol=0)
+
+
+class _WithTable(_Net):
+    """_Net beside rows of its own, as a worker's shard of the entity table: rank r holds 2 + r
+    rows (DDP must neither broadcast them nor average their gradient)."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.entity_table = torch.nn.Module()  # named as the model's: entity_table.weight
+        self.entity_table.weight = torch.nn.Parameter(torch.full((2 + rank, 8), float(rank + 1)))
+
+    def forward(self, x: torch.Tensor, use_sometimes: bool) -> torch.Tensor:
+        return super().forward(x, use_sometimes) + (self.entity_table.weight.sum(0) * x).sum()
+
+
+def _steps_through(how: str, rank: int, world: int) -> tuple:
+    net = _WithTable(rank)
+    names = dict(net.named_parameters())
+    table = {"entity_table.weight": names.pop("entity_table.weight")}
+    forward, sync = averaged(net, names, table, how)
+    results = []
+    for step in range(STEPS):
+        net.zero_grad(set_to_none=True)
+        x, use = _batch(rank, step)
+        forward(x, use).backward()
+        sync.wait()
+        results.append({n: None if g is None else g.numpy() for n, g in _grads_of(net).items()})
+    return results, type(forward).__name__, net.entity_table.weight.detach().numpy()
+
+
+@pytest.mark.parametrize("how", ["buckets", "ddp"])
+def test_both_syncs_average_the_replicated_gradients_and_leave_the_table_s_rows_alone(tmp_path, how):
+    got = run_workers(functools.partial(_steps_through, how), 2, tmp_path)
+    for rank in range(2):
+        steps, wrapper, rows = got[rank]
+        assert wrapper == ("DistributedDataParallel" if how == "ddp" else "_WithTable")
+        torch.testing.assert_close(torch.from_numpy(rows), torch.full((2 + rank, 8), float(rank + 1)))  # not broadcast
+        for step in range(STEPS):
+            own, per_rank = {}, []
+            for r in range(2):  # each worker's own gradients, in this process
+                net = _WithTable(r)
+                x, use = _batch(r, step)
+                net(x, use).backward()
+                per_rank.append(_grads_of(net))
+            grads = {n: None if g is None else torch.from_numpy(g) for n, g in steps[step].items()}
+            # the worker's own rows get its own gradient, not an average
+            torch.testing.assert_close(grads["entity_table.weight"], per_rank[rank]["entity_table.weight"], rtol=1e-6, atol=1e-6)
+            for name in per_rank[1]:
+                if name in ("layers.0.weight", "unused", "entity_table.weight"):
+                    continue
+                want = sum(g[name] if g[name] is not None else torch.zeros_like(per_rank[1][name]) for g in per_rank) / 2
+                torch.testing.assert_close(grads[name], want, rtol=1e-6, atol=1e-7)

@@ -26,6 +26,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # Ray's placement-group strategies, for the workers' group (ray.train.ScalingConfig)
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+GRAD_SYNCS = ("buckets", "ddp")
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -61,6 +62,10 @@ class TrainConfig:
     # SPREAD (as many as it can), STRICT_PACK (one node), STRICT_SPREAD (one worker per node;
     # the run waits until the cluster has num_workers nodes with room for one)
     placement_strategy: str = "PACK"
+    # How the replicated gradients are averaged over workers: "buckets" (GradientSync, all-reduces
+    # launched during the backward) or "ddp" (torch's DistributedDataParallel with the table's
+    # rows left out); docs/performance.md measures the two on two GPUs
+    grad_sync: str = "buckets"
     log_every: int = 10
     prefetch_batches: int = 2  # batches read and collated ahead by a background thread (0: none)
     # keep each worker's training rows in memory after their first read, so later epochs start
@@ -117,6 +122,8 @@ class TrainConfig:
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             problems.append(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
                             f"got {self.placement_strategy!r}")
+        if self.grad_sync not in GRAD_SYNCS:
+            problems.append(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {self.grad_sync!r}")
         if self.prefetch_batches < 0:
             problems.append(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
         if not 0 <= self.mask_rate <= 1 or not 0 <= self.warmup_fraction < 1:

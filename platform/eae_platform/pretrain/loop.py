@@ -28,7 +28,7 @@ from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction
 from eae_model.model import EaEModel
 from eae_platform.progress import attach, progress_line, say
 from eae_platform.pretrain import data, state, storage
-from eae_platform.pretrain.grad_sync import GradientSync
+from eae_platform.pretrain.grad_sync import GradientSync, averaged
 from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler
 from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig, parse_steps
 
@@ -319,8 +319,8 @@ class Trainer:
         self.model = compile_stacks(build_model(self.config).to(self.device), self.config)
         replicated, table = state.split_params(self.model)
         self.replicated, self.table = list(replicated.values()), list(table.values())
-        # all-reduces during each backward
-        self.sync = GradientSync(self.replicated, names={p: n for n, p in replicated.items()})
+        # all-reduces during each backward (train.grad_sync); self.forward is the model or its DDP
+        self.forward, self.sync = averaged(self.model, replicated, table, t.grad_sync)
         # One fused kernel per step on GPUs: the foreach version's passes over the 1M x 256 table
         # took ~9 ms of a ~90 ms step (H100 profile, docs/performance.md).
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=t.lr,
@@ -434,7 +434,7 @@ class Trainer:
             self.model.entity_table.expect(counts)
         with self.autocast:
             # checked on the host by data.collate, which also found the indices: no host sync
-            out = self.model(batch.input_ids, batch.attention_mask, mentions=batch.mentions,
+            out = self.forward(batch.input_ids, batch.attention_mask, mentions=batch.mentions,
                              mlm_labels=batch.mlm_labels, validate=False, indices=batch.indices)
         out.loss.backward()
         grad_norm = sync_and_clip(self.sync, self.replicated, self.table, self.config.train.grad_clip, self.spans)

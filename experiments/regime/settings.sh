@@ -75,8 +75,11 @@ variant_set() {  # the paper's ablations as switches of a preset
 }
 
 # Every cell side by side: each pretraining worker (and each evaluation task) gets an equal
-# share of the GPU; on CPUs each gets half a core (Ray's logical CPUs).
-share() { awk -v n="$(ncells)" 'BEGIN { printf "%.3f", 0.999 / n }'; }
+# share of a GPU, the cells spread over the machine's GPUS (Ray puts a fractional share on a
+# GPU with that much left: ceil(cells / GPUS) shares fit on each); on CPUs each gets half a
+# core (Ray's logical CPUs).
+GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)}
+share() { awk -v n="$(ncells)" -v g="$GPUS" 'BEGIN { g = g < 1 ? 1 : g; printf "%.3f", 0.999 / int((n + g - 1) / g) }'; }
 device_set() {
   if [ "$DEVICE" = gpu ]; then
     echo "--set train.use_gpu=true --set train.gpus_per_worker=$(share) --set train.cpus_per_worker=1"

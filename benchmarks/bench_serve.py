@@ -223,16 +223,18 @@ def main() -> int:
             wait_ready(url)
             killed = {}
 
+            def replicas() -> list[str]:
+                return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                              if a["name"].startswith("SERVE_REPLICA::bench#EaEModelServer"))
+
             async def kill_one() -> None:
                 await asyncio.sleep(args.kill_seconds / 3)
-                names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                               if a["name"].startswith("SERVE_REPLICA::bench#EaEModelServer"))
+                names = replicas()
                 ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
                 killed.update(name=names[0], at=time.monotonic())
                 while True:  # until a replacement is running
                     await asyncio.sleep(0.5)
-                    now = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                           if a["name"].startswith("SERVE_REPLICA::bench#EaEModelServer")]
+                    now = replicas()
                     if len(now) == 2 and names[0] not in now:
                         killed["replaced_after_s"] = time.monotonic() - killed["at"]
                         return

@@ -171,6 +171,12 @@ class EntityIndex:
         scores, ids = self.index.search(queries, k)
         return scores, ids
 
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """The triton backend's rows of E ([N, d], on its device); None for faiss, which keeps
+        its own copy."""
+        return self.index.rows if self.backend == "triton" else None
+
     def search_tensor(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """search() for torch queries [M, d]; the results are on the queries' device. The triton
         backend searches them where they are (a GPU model's queries never visit the host)."""

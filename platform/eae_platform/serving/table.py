@@ -31,7 +31,7 @@ class FaissEntityTable(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.index.index.rows if self._weight is None else self._weight
+        return self.index.rows if self._weight is None else self._weight
 
     @property
     def num_entities(self) -> int:

@@ -30,7 +30,8 @@ dropped:
 Programming errors (a non-numeric metric, a step that is no int, a param changed after it was
 logged, a reserved alias) raise at once, before anything is queued. Items the server rejects
 (answers with a client error) are reported in `CloseReport.rejected`, never retried forever.
-A *new* run cannot be created without the store (`TrackingUnavailable`, before training starts);
+A *new* run cannot be created without the store (`TrackingUnavailable`, before training starts,
+after `open_wait_s` of trying: a sweep's trials wait out a server restart);
 a resumed run (`run_id=`) starts offline if need be. The queue lives in memory (~150 bytes a
 metric) and in the journal on disk.
 
@@ -401,7 +402,10 @@ class Tracker:
     one (works offline: everything queues until the store answers); spool_dir: where the
     unsent-items journal and staged artifacts go (default: the working directory);
     retry_interval_s: while the store is unreachable, how often to try it again;
-    close_wait_s: how long close() keeps trying before writing the unsent file."""
+    close_wait_s: how long close() keeps trying before writing the unsent file;
+    open_wait_s: how long creating a new run keeps trying an unreachable store before
+    TrackingUnavailable (0: at once, a command's clear error; a sweep's trials wait out a
+    server restart instead of failing)."""
 
     def __init__(
         self,
@@ -413,6 +417,7 @@ class Tracker:
         spool_dir: str | Path | None = None,
         retry_interval_s: float = 30.0,
         close_wait_s: float = 10.0,
+        open_wait_s: float = 0.0,
     ):
         for key, value in FAST_FAIL_ENV.items():
             os.environ.setdefault(key, value)
@@ -439,16 +444,21 @@ class Tracker:
 
         self.experiment_id: str | None = None
         if run_id is None:
-            try:
-                self.experiment_id = self._call(self._experiment_id, experiment)
-                all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
-                run = self._call(self._client.create_run, self.experiment_id, tags=all_tags, run_name=run_name)
-            except Exception as exc:
-                if not _is_transient(exc):
-                    raise
-                raise TrackingUnavailable(
-                    f"cannot create an MLflow run: tracking store {self.uri} unreachable ({_short(exc)})"
-                ) from exc
+            deadline = time.monotonic() + open_wait_s
+            while True:
+                try:
+                    self.experiment_id = self._call(self._experiment_id, experiment)
+                    all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+                    run = self._call(self._client.create_run, self.experiment_id, tags=all_tags, run_name=run_name)
+                    break
+                except Exception as exc:
+                    if not _is_transient(exc):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise TrackingUnavailable(
+                            f"cannot create an MLflow run: tracking store {self.uri} unreachable ({_short(exc)})"
+                        ) from exc
+                    time.sleep(1.0)
             self.run_id = run.info.run_id
         else:
             self.run_id = run_id

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -314,6 +315,28 @@ def test_server_dies_mid_run(server, model_dir, tmp_path, monkeypatch, capsys):
     assert sum("MLflow reachable again" in line and a.run_id in line for line in err.splitlines()) == 1
     unsent = "NOT logged: 14 metrics, 1 model registrations, the final status FINISHED"
     assert f"run {b.run_id} at {server.url}: {unsent}" in err
+
+
+def test_a_new_run_waits_open_wait_s_for_a_restarting_server(server, tmp_path):
+    """open_wait_s (a sweep's trials): creating a run while the server is down keeps trying, and
+    the run is created on the server once it is back; without it, TrackingUnavailable at once."""
+    server.kill()
+    try:
+        with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
+            Tracker("eae-restarting", uri=server.url, spool_dir=tmp_path)
+        restart = threading.Timer(3.0, server.start)
+        t0 = time.monotonic()
+        restart.start()
+        tr = Tracker("eae-restarting", uri=server.url, spool_dir=tmp_path, open_wait_s=120.0)
+        waited = time.monotonic() - t0
+        restart.join()
+    finally:
+        if server.proc is None:
+            server.start()
+    assert waited >= 3.0
+    tr.log_metrics({"train/loss": 1.0}, step=1)
+    assert tr.close().ok
+    assert MlflowClient(server.url).get_run(tr.run_id).info.status == "FINISHED"
 
 
 def test_store_unreachable_from_the_start(tmp_path, capsys):

@@ -225,7 +225,10 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
     tags = {"eae.task": "qa", "eae.dataset": task.dataset.name}
     if config.parent_run_id:
         tags["mlflow.parentRunId"] = config.parent_run_id
-    tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags)
+    # A sweep's trial (it has a parent run) waits up to a minute for a store that is restarting:
+    # a trial starting during a short outage would otherwise fail (a CI run of the restart test)
+    tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags,
+                      open_wait_s=60.0 if config.parent_run_id else 0.0)
     with tracker:  # an exception ends the MLflow run FAILED, an interrupt (Ctrl-C, a cancelled task) KILLED
         return _train(config, report, device, model, task, vocab_dir, tracker)
 

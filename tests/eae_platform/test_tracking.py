@@ -321,16 +321,18 @@ def test_a_new_run_waits_open_wait_s_for_a_restarting_server(server, tmp_path):
     """open_wait_s (a sweep's trials): creating a run while the server is down keeps trying, and
     the run is created on the server once it is back; without it, TrackingUnavailable at once."""
     server.kill()
+    restart = threading.Timer(3.0, server.start)
     try:
         with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
             Tracker("eae-restarting", uri=server.url, spool_dir=tmp_path)
-        restart = threading.Timer(3.0, server.start)
         t0 = time.monotonic()
         restart.start()
         tr = Tracker("eae-restarting", uri=server.url, spool_dir=tmp_path, open_wait_s=120.0)
         waited = time.monotonic() - t0
-        restart.join()
     finally:
+        restart.cancel()  # a failure before the restart: no second server started after this one
+        if restart.ident is not None:
+            restart.join()
         if server.proc is None:
             server.start()
     assert waited >= 3.0

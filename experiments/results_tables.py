@@ -1,8 +1,9 @@
 """Markdown tables of the project's studies, printed from their MLflow stores: every number in
 docs/results.md comes from the runs, none is typed by hand.
 
-    # the regime study (experiments/regime/, docs/results.md): archives of its cells' stores
-    .venv/bin/python experiments/results_tables.py docs/results/regime-*.mlruns.tar.xz [--figure docs/results/regime.svg]
+    # the regime study (experiments/regime/, docs/results.md, which lists the archives of its
+    # main tables in order): archives of its cells' stores, a later archive's cell winning
+    .venv/bin/python experiments/results_tables.py ARCHIVE.mlruns.tar.xz... [--figure docs/results/regime.svg]
     # the small CPU reproduction (experiments/reproduce.sh, docs/results/cpu-reproduction.md)
     .venv/bin/python experiments/results_tables.py runs/reproduce/mlflow.db [runs/reproduce-wiki/mlflow.db]
 

@@ -24,7 +24,8 @@ VARIANTS=${VARIANTS:-"eae no_eae"}    # the paper's switches (variant_set below)
 SEEDS=${SEEDS:-"0 1 2"}               # training seeds (model initialisation, masks, QA order)
 STEPS=${STEPS:-5000}                  # pretraining steps, the same for every cell
 BATCH=${BATCH:-512}                   # contexts per step
-LR=${LR:-1e-3}                        # Adam, 5% warmup then linear decay (the paper's shape)
+LR=${LR:-1e-3}                        # Adam: linear warmup, then linear decay (the paper's shape)
+WARMUP=${WARMUP:-0.05}                # the warmup's share of the steps (train.warmup_fraction)
 QA_STEPS=${QA_STEPS:-2000}; QA_BATCH=${QA_BATCH:-128}; QA_LR=${QA_LR:-1e-3}
 PROBES=${PROBES:-1000}                # synthetic probes kept per relation (eae eval lama)
 TOPK=${TOPK-"1,10,100,all"}           # EaE: the memory's K at inference for eae eval topk (empty: skip)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Stage 2 of the regime study: `eae pretrain` for every cell, all side by side (on one GPU each
 # worker gets an equal share of it). A cell whose model exists is skipped; a cell stopped by
-# BUDGET_S (train.time_budget_s) or killed continues from its last checkpoint when this runs
-# again (same run name). Exits 0 when every cell has its model, 10 when some are paused.
+# BUDGET_S (train.time_budget_s), STOP_AT (train.deadline) or killed continues from its last
+# checkpoint when this runs again (same run name). Exits 0 when every cell has its model, 10
+# when some are paused.
 #   BUDGET_S=500 experiments/regime/pretrain.sh
+#   STOP_AT=$(( $(date +%s) + 500 )) experiments/regime/pretrain.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
@@ -19,11 +21,11 @@ while read -r w z v s; do
     --set model.num_entities="$n" --set model.max_length=128 --set train.batch_size="$BATCH" --set train.lr="$LR" --set train.warmup_fraction="$WARMUP" \
     --set train.seed="$s" --set train.log_every=100 --set train.checkpoint_every=1000 --set train.eval_batches=4 \
     --set train.storage_path="$STUDY/ray" --set train.register_as=null --set train.experiment=regime-pretrain \
-    ${BUDGET_S:+--set train.time_budget_s=$BUDGET_S} $(device_set) $(variant_set "$v") \
+    ${BUDGET_S:+--set train.time_budget_s=$BUDGET_S} ${STOP_AT:+--set train.deadline=$STOP_AT} $(device_set) $(variant_set "$v") \
     >> "$STUDY/logs/pretrain-$cell.log" 2>&1 &
   pids+=($!)
 done < <(cells)
-say "pretraining ${#pids[@]} cell(s) side by side${BUDGET_S:+ (time budget $BUDGET_S s each)}; logs in $STUDY/logs"
+say "pretraining ${#pids[@]} cell(s) side by side${BUDGET_S:+ (time budget $BUDGET_S s each)}${STOP_AT:+ (pausing at $(date -u -d "@$STOP_AT" +%T))}; logs in $STUDY/logs"
 for p in "${pids[@]}"; do wait "$p"; done
 paused=0
 while read -r w z v s; do

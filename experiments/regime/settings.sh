@@ -30,9 +30,11 @@ QA_STEPS=${QA_STEPS:-2000}; QA_BATCH=${QA_BATCH:-128}; QA_LR=${QA_LR:-1e-3}
 PROBES=${PROBES:-1000}                # synthetic probes kept per relation (eae eval lama)
 TOPK=${TOPK-"1,10,100,all"}           # EaE: the memory's K at inference for eae eval topk (empty: skip)
 DEVICE=${DEVICE:-$(command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 && echo gpu || echo cpu)}
-# train.time_budget_s of each pretraining launch (unset: none); a paused cell continues when
-# pretrain.sh runs again
+# train.time_budget_s of each pretraining launch (unset: none), or train.deadline, a UNIX time
+# at which every cell pauses whenever its workers started (STOP_AT=$(( $(date +%s) + 500 ))); a
+# paused cell continues when pretrain.sh runs again
 BUDGET_S=${BUDGET_S:-}
+STOP_AT=${STOP_AT:-}
 EAE_CMD=${EAE_CMD:-$( [ -x .venv/bin/eae ] && echo .venv/bin/eae || echo eae )}
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export MLFLOW_ALLOW_FILE_STORE=true

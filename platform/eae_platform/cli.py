@@ -244,7 +244,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     summary = run(config, resume=bool(args.resume))
     metrics = summary["metrics"] or {}
     if summary["paused_at_step"] is not None:
-        print(f"\npaused at step {summary['paused_at_step']} of {config.train.max_steps} (train.time_budget_s): "
+        print(f"\npaused at step {summary['paused_at_step']} of {config.train.max_steps} (train.time_budget_s or train.deadline): "
               f"run the same command again to continue from {summary['checkpoint']}")
         return 0
     print(f"\nfinished at step {metrics.get('step')}: " + ", ".join(

@@ -53,6 +53,31 @@ def test_table_memory_is_the_largest_shard_over_workers(tmp_path):
         assert sums == {"tokens": 30.0}
 
 
+def _out_of_time(rank: int, world: int) -> list[bool]:
+    """What each worker answers, in four cases where only rank 1 is out of time or none is."""
+    import time
+
+    from eae_platform.pretrain.config import TrainConfig
+
+    now, started = time.time(), time.perf_counter()
+    answers = []
+    for budget_s, deadline in (
+        (None, None),                                   # no limit: never out of time
+        (None, now + 3600 if rank == 0 else now - 1),   # rank 1's clock is past the deadline
+        (None, now + 3600),                             # the deadline is an hour away everywhere
+        (3600.0 if rank == 0 else 1e-9, None),          # rank 1 has spent its budget
+    ):
+        answers.append(loop.out_of_time_on_any_worker(TrainConfig(time_budget_s=budget_s, deadline=deadline), started))
+    return answers
+
+
+def test_train_deadline_and_time_budget_stop_every_worker_when_one_is_out_of_time(tmp_path):
+    """train.deadline (wall-clock) and train.time_budget_s (since the first step): the answer
+    is a max over workers, so every worker pauses at the same step."""
+    for rank, answers in enumerate(run_workers(_out_of_time, 2, tmp_path)):
+        assert answers == [False, True, False, True], rank
+
+
 def test_collectives_use_cuda_tensors_under_nccl(monkeypatch):
     # NCCL reduces CUDA tensors only: a CPU tensor fails there ("No backend type associated
     # with device type cpu"), so the loop's reductions must build theirs on the GPU.

@@ -89,6 +89,11 @@ class TrainConfig:
     # its tag eae.paused_at_step, and exit; relaunching with the same name continues exactly
     # (for time-limited allocations). None: no limit.
     time_budget_s: float | None = None
+    # The same pause at a wall-clock time (UNIX seconds, e.g. `$(( $(date +%s) + 540 ))`): the
+    # first log window at or after it. A time-limited allocation ends at a time, and workers
+    # that took long to start (many runs sharing one machine) would overrun it with a budget
+    # counted from their first step. None: no deadline.
+    deadline: float | None = None
     # Ray Train run name: relaunching with the same name resumes; "" gives each launch a fresh
     # name (pretrain-<date>-<time>), so that a new run never picks up another's checkpoint
     name: str = ""
@@ -113,6 +118,8 @@ class TrainConfig:
             problems.append(f"gpus_per_worker must be a fraction in (0, 1] or a whole number, got {self.gpus_per_worker}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             problems.append(f"time_budget_s must be positive or null, got {self.time_budget_s}")
+        if self.deadline is not None and self.deadline <= 0:
+            problems.append(f"deadline must be a UNIX time in seconds or null, got {self.deadline}")
         try:
             parse_steps(self.profile_steps)
         except ValueError as error:

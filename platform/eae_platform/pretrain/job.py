@@ -37,7 +37,7 @@ def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str
 
 # Settings a relaunch may change and still continue its run exactly: how long and how it is
 # run, logged and kept, not what it computes.
-RESUMABLE_CHANGES = {"max_steps", "time_budget_s", "out", "register_as", "alias", "log_every", "checkpoint_every",
+RESUMABLE_CHANGES = {"max_steps", "time_budget_s", "deadline", "out", "register_as", "alias", "log_every", "checkpoint_every",
                      "eval_batches", "profile_steps", "mlflow_uri", "experiment", "max_failures", "cpus_per_worker",
                      "gpus_per_worker", "prefetch_batches", "cache_data", "placement_strategy"}
 

@@ -403,7 +403,7 @@ class Trainer:
                     self.log_table_memory(step)
                 if step % t.log_every == 0 or step == t.max_steps:
                     self.log_window(step)
-                    out_of_time = step < t.max_steps and over_budget(t.time_budget_s, self.started)
+                    out_of_time = step < t.max_steps and out_of_time_on_any_worker(t, self.started)
                 scheduled = step % t.checkpoint_every == 0 or step == t.max_steps
                 if scheduled or out_of_time:
                     # a pause's checkpoint skips the evaluation: dev curves keep their schedule
@@ -534,10 +534,12 @@ class Trainer:
                 ray.train.report({"step": step, **metrics}, checkpoint=Checkpoint.from_directory(d))
 
     def pause(self) -> None:
-        """End a run whose time budget ran out: its MLflow run KILLED, tagged with the step."""
+        """End a run whose time budget or deadline came: its MLflow run KILLED, tagged with the step."""
         t = self.config.train
         if self.tracker is not None:
-            say(f"time budget of {t.time_budget_s:g} s spent: paused at step {self.progress['step']} of {t.max_steps}; "
+            limits = ([f"time budget of {t.time_budget_s:g} s"] if t.time_budget_s is not None else []) + \
+                ([f"deadline {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t.deadline))}"] if t.deadline is not None else [])
+            say(f"out of time ({' / '.join(limits)}): paused at step {self.progress['step']} of {t.max_steps}; "
                 f"relaunch with the same name ({t.name}) to continue")
             self.tracker.set_tags({"eae.paused_at_step": self.progress["step"]})
             self.tracker.close("KILLED")
@@ -550,12 +552,15 @@ class Trainer:
             self.tracker.close()
 
 
-def over_budget(budget_s: float | None, started: float) -> bool:
-    """Whether train.time_budget_s has run out since `started` (perf_counter) on any worker:
-    every worker gets the same answer (a max over workers), so all stop at the same step."""
-    if budget_s is None:
-        return False
-    return _max_over_workers({"elapsed_s": time.perf_counter() - started})["elapsed_s"] >= budget_s
+def out_of_time_on_any_worker(train, started: float) -> bool:
+    """Whether train.time_budget_s has run out since `started` (perf_counter), or the clock has
+    reached train.deadline, on any worker: every worker gets the same answer (a max over
+    workers: their clocks may differ), so all stop at the same step."""
+    if train.time_budget_s is None and train.deadline is None:
+        return False  # no collective: the answer is the same everywhere
+    over = (train.time_budget_s is not None and time.perf_counter() - started >= train.time_budget_s) or \
+        (train.deadline is not None and time.time() >= train.deadline)
+    return _max_over_workers({"out_of_time": float(over)})["out_of_time"] > 0
 
 
 def _save_final(model: EaEModel, config: PretrainConfig, rank: int, out: Path) -> None:

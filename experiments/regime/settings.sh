@@ -35,6 +35,7 @@ DEVICE=${DEVICE:-$(command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/nul
 # paused cell continues when pretrain.sh runs again
 BUDGET_S=${BUDGET_S:-}
 STOP_AT=${STOP_AT:-}
+LOG_EVERY=${LOG_EVERY:-100}            # pretraining steps per logged window (a time limit is checked at each)
 EAE_CMD=${EAE_CMD:-$( [ -x .venv/bin/eae ] && echo .venv/bin/eae || echo eae )}
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export MLFLOW_ALLOW_FILE_STORE=true

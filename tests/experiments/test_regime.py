@@ -23,17 +23,17 @@ def _stage(name, env, *args):
 
 def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
-           "WORLDS": "300r2", "SEEDS": "0", "STEPS": "120", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
+           "WORLDS": "300r2", "SEEDS": "0", "STEPS": "20", "LOG_EVERY": "10", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli"}
     assert _stage("data", env).returncode == 0
     # a deadline already past (STOP_AT, train.deadline): every cell pauses at its first log
-    # window (step 100), and the stage exits 10; run again, each continues from there
+    # window (step 10), and the stage exits 10; run again, each continues from there
     paused = _stage("pretrain", {**env, "STOP_AT": str(int(time.time()))})
-    assert paused.returncode == 10 and paused.stdout.count("paused at step 100 of 120") == 2, paused.stdout + paused.stderr
+    assert paused.returncode == 10 and paused.stdout.count("paused at step 10 of 20") == 2, paused.stdout + paused.stderr
     done = _stage("pretrain", env)
-    assert done.returncode == 0 and done.stdout.count("finished at step 120") == 2, done.stdout + done.stderr
+    assert done.returncode == 0 and done.stdout.count("finished at step 20") == 2, done.stdout + done.stderr
     logs = [(tmp_path / "study" / "logs" / f"pretrain-{c}.log").read_text() for c in ("w300r2-small-eae-s0", "w300r2-small-no_eae-s0")]
-    assert all("from its checkpoint at step 100" in log for log in logs), logs
+    assert all("from its checkpoint at step 10" in log for log in logs), logs
     built = json.loads((tmp_path / "study" / "data" / "w300r2" / "manifest.json").read_text())["settings"]
     assert built["paragraph_contexts"] and built["dev_fraction"] == 0.05
     assert "== Overview ==" in (tmp_path / "study" / "worlds" / "w300r2" / "world.xml").read_text()
@@ -50,7 +50,7 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout
     # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
-    assert "| 300, facts stated 2x | small |" in out and "396,544" in out and "120 x 16" in out
+    assert "| 300, facts stated 2x | small |" in out and "396,544" in out and "20 x 16" in out
     rows = [line for line in out.splitlines() if line.startswith("| 300, facts stated 2x | small | ")]
     # settings, one row per model, the gap, EaE with its memory output zeroed against No-EaE and
     # against itself (no K: TOPK="")

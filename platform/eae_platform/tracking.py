@@ -444,11 +444,11 @@ class Tracker:
 
         self.experiment_id: str | None = None
         if run_id is None:
+            all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
             deadline = time.monotonic() + open_wait_s
             while True:
                 try:
                     self.experiment_id = self._call(self._experiment_id, experiment)
-                    all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
                     run = self._call(self._client.create_run, self.experiment_id, tags=all_tags, run_name=run_name)
                     break
                 except Exception as exc:

@@ -537,8 +537,11 @@ class Trainer:
         """End a run whose time budget or deadline came: its MLflow run KILLED, tagged with the step."""
         t = self.config.train
         if self.tracker is not None:
-            limits = ([f"time budget of {t.time_budget_s:g} s"] if t.time_budget_s is not None else []) + \
-                ([f"deadline {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t.deadline))}"] if t.deadline is not None else [])
+            limits = []
+            if t.time_budget_s is not None:
+                limits.append(f"time budget of {t.time_budget_s:g} s")
+            if t.deadline is not None:
+                limits.append(f"deadline {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t.deadline))}")
             say(f"out of time ({' / '.join(limits)}): paused at step {self.progress['step']} of {t.max_steps}; "
                 f"relaunch with the same name ({t.name}) to continue")
             self.tracker.set_tags({"eae.paused_at_step": self.progress["step"]})

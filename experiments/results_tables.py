@@ -492,17 +492,18 @@ def gap_cell(gap, lower_is_better: bool = False) -> str:
 
 def print_ablations(groups: dict) -> None:
     """EaE against its ablations, paired by seed, on every shared metric: EaE − EaE-unsup (no
-    entity-linking supervision of the memory) and EaE − MM (the paper's Table 2 rows); then
-    ABLATIONS within EaE."""
+    entity-linking supervision of the memory), EaE − MM and No-EaE − MM (the paper's Table 2
+    rows: EaE > MM, MM ≈ No-EaE); then ABLATIONS within EaE."""
     settings = sorted({(w, z) for (w, z, v) in groups if v == "eae"})
-    for variant, label in (("eae_unsup", "EaE-unsup"), ("mm", "MM")):
+    for first, variant, label in (("eae", "eae_unsup", "EaE − EaE-unsup"), ("eae", "mm", "EaE − MM"),
+                                  ("no_eae", "mm", "No-EaE − MM")):
         rows = []
         for w, z in settings:
-            eae, other = groups[(w, z, "eae")], groups.get((w, z, variant))
-            if other:
-                rows.append([world_label(w), z] + [gap_cell(paired_gap(eae, k, other, k), k == "masked_ppl") for k in PAIRED])
+            one, other = groups.get((w, z, first)), groups.get((w, z, variant))
+            if one and other:
+                rows.append([world_label(w), z] + [gap_cell(paired_gap(one, k, other, k), k == "masked_ppl") for k in PAIRED])
         if rows:
-            print(f"### EaE − {label}, paired by seed: mean gap [95% t-interval] (points)\n")
+            print(f"### {label}, paired by seed: mean gap [95% t-interval] (points)\n")
             print(table(["world", "transformer"] + [METRICS[k][2] for k in PAIRED], rows) + "\n")
     cross = [("memory_off_recall", "recall_stated"), ("memory_off_qa_em", "qa_em"), ("memory_off_qa_em_stated", "qa_em_stated")]
     rows = []
@@ -524,6 +525,17 @@ def print_ablations(groups: dict) -> None:
         if rows:
             print(f"### EaE, {label}: mean gap [95% t-interval] (points)\n")
             print(table(["world", "transformer"] + [f"{METRICS[a][2]} − {METRICS[b][2]}" for a, b in pairs], rows) + "\n")
+
+
+def print_versus(groups: dict, other: dict, label: str) -> None:
+    """Each model against itself in other stores (another recipe: learning rate, steps), paired
+    by seed: these stores − those, per (world, transformer, model) both hold."""
+    rows = [[world_label(w), z, v] + [gap_cell(paired_gap(g, k, other[(w, z, v)], k), k == "masked_ppl") for k in PAIRED]
+            for (w, z, v), g in sorted(groups.items()) if (w, z, v) in other]
+    if rows:
+        print(f"### The same model and seed, these stores − {label}: mean gap [95% t-interval] (points)\n")
+        print(table(["world", "transformer", "model"] + [METRICS[k][2] for k in PAIRED], rows))
+        print("\n✓: these stores' runs better, the interval excludes 0; ✗: the others better.\n")
 
 
 def draw(setting: dict, gaps: dict, path: Path) -> None:
@@ -568,7 +580,13 @@ def main() -> None:
     parser.add_argument("--answer-frequency", action="append", default=[], metavar="WORLD=DATA_DIR",
                         help="regime: QA EM by answer frequency for WORLD (e.g. 5000r4) from its `eae data build` "
                         "directory (experiments/regime/data.sh rebuilds it: the worlds are seeded), repeatable")
+    parser.add_argument("--versus", nargs="+", type=Path, default=[], metavar="STORE",
+                        help="regime: also print each model − the same model and seed in these stores "
+                        "(the same cells trained at another recipe)")
     args = parser.parse_args()
+    missing = [str(p) for p in args.stores + args.versus if not p.exists()]
+    if missing:
+        parser.error(f"no such store: {', '.join(missing)}")
     if all(p.suffix == ".db" for p in args.stores):
         synth = MlflowClient(f"sqlite:///{args.stores[0]}")
         synthetic(synth)
@@ -581,6 +599,11 @@ def main() -> None:
     for path in args.stores:
         cells.update(read_cells(path))
     print_tables(cells, args.figure)
+    if args.versus:
+        other = {}
+        for path in args.versus:
+            other.update(read_cells(path))
+        print_versus(summarize(cells)[0], summarize(other)[0], " ".join(p.name for p in args.versus))
     print_real_text(cells)
     if any("=" not in a for a in args.answer_frequency):
         parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")

@@ -46,14 +46,15 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     archive = tmp_path / "stores.tar.xz"
     assert _stage("collect", env, str(archive)).returncode == 0
     tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(archive), "--figure",
-                             str(tmp_path / "regime.svg")], cwd=REPO, capture_output=True, text=True, timeout=300)
+                             str(tmp_path / "regime.svg"), "--versus", str(archive)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout
     # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
     assert "| 300, facts stated 2x | small |" in out and "396,544" in out and "20 x 16" in out
-    rows = [line for line in out.splitlines() if line.startswith("| 300, facts stated 2x | small | ")]
+    rows = [line for line in out.split("### The same model and seed")[0].splitlines()
+            if line.startswith("| 300, facts stated 2x | small | ")]
     # settings, one row per model, the gap, EaE with its memory output zeroed against No-EaE and
-    # against itself (no K: TOPK="")
+    # against itself (no K: TOPK=""); then --versus's table
     assert len(rows) == 6, out
     head = next(line for line in out.splitlines() if line.startswith("| world | transformer | model |"))
     columns = head.strip(" |").split(" | ")
@@ -73,6 +74,39 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     gap = out.split("### EaE − No-EaE")[1]
     assert "| 300, facts stated 2x | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
     assert (tmp_path / "regime.svg").stat().st_size > 1000
+    missing = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(archive), "--versus",
+                              str(tmp_path / "no.tar.xz")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "no such store: " in missing.stderr and "Traceback" not in missing.stderr, missing.stderr
+    # --versus: each model against itself in the other stores (here the same archive: gaps of 0)
+    versus = out.split("### The same model and seed, these stores − stores.tar.xz")[1].split("###")[0]
+    row = next(r for r in versus.splitlines() if r.startswith("| 300, facts stated 2x | small | eae |")).strip(" |").split(" | ")
+    assert row[3] == "+0.0 (n=1)", row
+
+
+def test_versus_pairs_each_model_with_itself_at_another_recipe_by_seed(capsys):
+    """print_versus on hand-set per-seed figures: No-EaE's QA EM at one recipe − the same seeds
+    at another (seed 3 only in the first: left out), and no row for a model the other lacks. By
+    hand: gaps 3, 1, 2 points: mean 2, sd 1, half-width 4.303 x 1 / sqrt 3 = 2.5."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    world = (5000, 4)
+
+    def group(seeds, qa_em):
+        return {**{k: [None] * len(seeds) for k in tables.METRICS}, "seeds": seeds, "qa_em": qa_em}
+
+    gentle = {(world, "medium", "no_eae"): group([5, 6, 7, 3], [0.17, 0.16, 0.18, 0.90]),
+              (world, "medium", "mm"): group([5, 6, 7], [0.1, 0.1, 0.1])}
+    steep = {(world, "medium", "no_eae"): group([5, 6, 7], [0.14, 0.15, 0.16])}
+    tables.print_versus(gentle, steep, "steep.tar.xz")
+    out = capsys.readouterr().out
+    assert "### The same model and seed, these stores − steep.tar.xz" in out
+    rows = [r.strip(" |").split(" | ") for r in out.splitlines() if r.startswith("| 5,000, facts stated 4x |")]
+    assert [r[2] for r in rows] == ["no_eae"], rows
+    column = 3 + [tables.METRICS[k][2] for k in tables.PAIRED].index("QA test EM")
+    assert rows[0][column] == "+2.0 [-0.5, +4.5] ~ (seeds=3)", rows[0]
 
 
 def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, monkeypatch):
@@ -118,11 +152,11 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
 
 
 def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(capsys):
-    """print_ablations on hand-set per-seed figures: EaE − EaE-unsup and EaE − MM, each the mean
-    of the per-seed gaps with its t-interval and verdict (Table 2's rows), and EaE reading every
-    entity − EaE reading the top K (Table 7). By hand: gaps 10, 11,
+    """print_ablations on hand-set per-seed figures: EaE − EaE-unsup, EaE − MM and No-EaE − MM,
+    each the mean of the per-seed gaps with its t-interval and verdict (Table 2's rows), and EaE
+    reading every entity − EaE reading the top K (Table 7). By hand: gaps 10, 11,
     9 points: mean 10, sd 1, half-width 4.303 x 1 / sqrt 3 = 2.5; gaps -1, 2, -3: mean -0.7,
-    sd 2.52, half-width 6.25."""
+    sd 2.52, half-width 6.25; gaps -11, -9, -12: mean -10.7, sd 1.53, half-width 3.79."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
@@ -135,7 +169,7 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
         return {**g, "seeds": [0, 1, 2], "qa_em": qa_em}
 
     groups = {(world, "small", "eae"): group([0.30, 0.32, 0.34]), (world, "small", "eae_unsup"): group([0.20, 0.21, 0.25]),
-              (world, "small", "mm"): group([0.31, 0.30, 0.37])}
+              (world, "small", "mm"): group([0.31, 0.30, 0.37]), (world, "small", "no_eae"): group([0.20, 0.21, 0.25])}
     # `eae eval topk`'s figures (K=all and K=1; 10 and 100 not run): gaps 10, 11, 9 points again
     groups[(world, "small", "eae")].update(memory_k_all=[0.50, 0.52, 0.54], memory_k_1=[0.40, 0.41, 0.45])
     tables.print_ablations(groups)
@@ -144,7 +178,8 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
     row = next(r for r in section.splitlines() if r.startswith("| 5,000 | small |")).strip(" |").split(" | ")
     assert row[2:] == ["+10.0 [+7.5, +12.5] ✓ (seeds=3)", "–", "–"], row
     column = [tables.METRICS[k][2] for k in tables.PAIRED].index("QA test EM")
-    for label, gap in (("EaE-unsup", "+10.0 [+7.5, +12.5] ✓ (seeds=3)"), ("MM", "-0.7 [-6.9, +5.6] ~ (seeds=3)")):
-        section = out.split(f"### EaE − {label}, paired by seed")[1].split("###")[0]
+    for label, gap in (("EaE − EaE-unsup", "+10.0 [+7.5, +12.5] ✓ (seeds=3)"), ("EaE − MM", "-0.7 [-6.9, +5.6] ~ (seeds=3)"),
+                       ("No-EaE − MM", "-10.7 [-14.5, -6.9] ✗ (seeds=3)")):
+        section = out.split(f"### {label}, paired by seed")[1].split("###")[0]
         row = next(r for r in section.splitlines() if r.startswith("| 5,000 | small |")).strip(" |").split(" | ")
         assert row[2 + column] == gap, (label, row)

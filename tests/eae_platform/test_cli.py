@@ -71,6 +71,22 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     assert "Started a local Ray instance" not in result.stderr + result.stdout
 
 
+def test_pretrain_checks_its_init_encoder_before_starting_ray(tmp_path):
+    """train.init_encoder of another shape than the model's is refused on the driver, naming
+    what differs, before Ray starts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    (data / "shards" / "train").mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 64}, "counts": {"entities": 10}}))
+    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}), data / "shards" / "train" / "part-00000-0000.parquet")
+    result = run("pretrain", "--preset", "medium", "--data", str(data), "--set", "train.init_encoder=minilm")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "the encoder minilm does not fit this model: hidden_size 384 (the model's 256)" in result.stderr, result.stderr
+    assert "Started a local Ray instance" not in result.stderr + result.stdout
+
+
 def test_the_data_sets_the_model_sizes_a_config_or_override_leaves_unset(tmp_path):
     from eae_platform.pretrain.config import load_pretrain_config
     from eae_platform.pretrain.checks import data_fitted_overrides

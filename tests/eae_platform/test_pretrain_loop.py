@@ -156,3 +156,20 @@ def test_an_unknown_compile_mode_is_refused_with_the_modes():
 
     with pytest.raises(ValueError, match="compile_mode must be one of default, reduce-overhead.*got 'fast'"):
         load_pretrain_config(preset="tiny", overrides=["train.compile_mode=fast"])
+
+
+def test_train_init_encoder_starts_the_model_from_the_shipped_encoder():
+    """train.init_encoder=minilm: build_model (every rank's, before any checkpoint is restored)
+    copies the shipped MiniLM's weights into the embeddings and both stacks."""
+    from safetensors.torch import load_file
+
+    from eae_model.pretrained import encoder_dir
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    config = load_pretrain_config(preset="minilm", overrides=["model.num_entities=16", "train.init_encoder=minilm"])
+    model = loop.build_model(config)
+    weights = load_file(str(encoder_dir("minilm") / "model.safetensors"))
+    assert torch.equal(model.token_embed.word.weight, weights["embeddings.word_embeddings.weight"])
+    assert torch.equal(model.transformer_l1.layers[3].ffn_out.weight, weights["encoder.layer.5.output.dense.weight"])
+    fresh = loop.build_model(load_pretrain_config(preset="minilm", overrides=["model.num_entities=16"]))
+    assert not torch.equal(fresh.token_embed.word.weight, weights["embeddings.word_embeddings.weight"])

@@ -27,6 +27,10 @@ def check_data(config: PretrainConfig) -> dict:
         raise ValueError(f"{t.data} was built with contexts of up to {longest} wordpieces (--max-length {longest}), "
                          f"more than model.max_length={m.max_length}: set model.max_length={longest} or rebuild "
                          f"the data with --max-length {m.max_length}")
+    if t.init_encoder:  # its shape against the model's, before any worker loads it
+        from eae_model.pretrained import check_encoder
+
+        check_encoder(m, t.init_encoder)
     rows = sorted(rows_per_rank(files, t.seed, 0, t.num_workers))
     if rows[0] < t.batch_per_worker:  # data.steps_per_epoch would be 0: the workers' loop refuses it
         fits = rows[0] * t.num_workers

@@ -94,6 +94,10 @@ class TrainConfig:
     # that took long to start (many runs sharing one machine) would overrun it with a budget
     # counted from their first step. None: no deadline.
     deadline: float | None = None
+    # A pretrained BERT encoder's weights for the embeddings and the l0 + l1 layers at step 0
+    # (eae_model/pretrained.py): "minilm" (the shipped MiniLM, with --preset minilm) or a
+    # directory with config.json and model.safetensors. None: every weight newly initialised.
+    init_encoder: str | None = None
     # Ray Train run name: relaunching with the same name resumes; "" gives each launch a fresh
     # name (pretrain-<date>-<time>), so that a new run never picks up another's checkpoint
     name: str = ""

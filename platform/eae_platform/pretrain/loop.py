@@ -109,7 +109,12 @@ def build_model(config: PretrainConfig) -> EaEModel:
                                    trainable=c.entity_trainable, seed=config.train.seed,
                                    chunk_rows=c.memory_chunk_rows, memory_impl=c.memory_impl,
                                    pretune_margin=c.memory_pretune_margin)
-    return EaEModel(c, entity_table=table)
+    model = EaEModel(c, entity_table=table)
+    if config.train.init_encoder:  # every rank reads the same file: the same replicated weights
+        from eae_model.pretrained import load_bert_encoder
+
+        load_bert_encoder(model, config.train.init_encoder)
+    return model
 
 
 def _distributed() -> bool:

@@ -19,7 +19,7 @@ WORLDS=${WORLDS:-"5000 100000"}
 # found in the installed gensim, never imported)
 REAL_PROBES=${REAL_PROBES:-"geonames,countryinfo,wordnet"}
 SAMPLE_DUMP=${SAMPLE_DUMP:-}
-SIZES=${SIZES:-"small"}               # model presets (eae_model/config.py): small, medium
+SIZES=${SIZES:-"small"}               # model presets (eae_model/config.py): small, medium, minilm (size_set)
 VARIANTS=${VARIANTS:-"eae no_eae"}    # the paper's switches (variant_set below)
 SEEDS=${SEEDS:-"0 1 2"}               # training seeds (model initialisation, masks, QA order)
 STEPS=${STEPS:-5000}                  # pretraining steps, the same for every cell
@@ -75,6 +75,13 @@ variant_set() {  # the paper's ablations as switches of a preset
     eae_unsup) echo "--set model.memory_el_supervision=false --set model.k_inference=null" ;;
     mm) echo "--set model.use_entity_memory=false --set model.use_entity_pred=false --set model.use_mention_detection=false" ;;
     *) echo "unknown variant $1" >&2; return 2 ;;
+  esac
+}
+
+size_set() {  # a preset's own pretraining settings: minilm starts from the MiniLM encoder that ships offline
+  case "$1" in
+    minilm) echo "--set train.init_encoder=minilm" ;;
+    *) echo "" ;;
   esac
 }
 

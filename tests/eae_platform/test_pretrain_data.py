@@ -468,3 +468,63 @@ def test_cached_epochs_give_the_batches_ray_data_gives_and_read_each_file_once(r
     write(1000)
     assert max(int(b.context_ids.max()) for b in epoch(2, None)) >= 1000  # what the files hold now
     assert max(int(b.context_ids.max()) for b in epoch(2, cache)) < 30  # what the cache read before
+
+
+def test_a_bounded_evaluation_reads_its_rows_without_ray_data(ray_cluster, tmp_path):
+    """iter_eval with max_batches (train.eval_batches's default) gives the batches of the Ray
+    Data path (same rows, order, masks, each rank its share), read with pyarrow in the process:
+    no Ray Data task, which needs a CPU of its own and waited forever when the workers held
+    every CPU of the cluster (train.cpus_per_worker=2 on 2 cores). A process without Ray reads
+    them and Ray is still not started."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    files = []
+    for f in range(3):
+        ids = range(10 * f, 10 * f + 10)
+        table = pa.table({"context_id": list(ids), "token_ids": [[101, *range(1000, 1002 + i % 4), 102] for i in ids],
+                          "mention_starts": [[1]] * 10, "mention_ends": [[2]] * 10,
+                          "mention_entity_ids": [[i % 7] for i in ids]})
+        files.append(str(tmp_path / f"part-{f}.parquet"))
+        pq.write_table(table, files[-1])
+    for rank in (0, 1):  # 2 ranks x 4 rows a batch: the first 2 batches are rows 0-15
+        streamed = list(data.iter_eval(files, 3, rank, 2, 4, 0.5, 7))[:2]  # unbounded: Ray Data
+        bounded = list(data.iter_eval(files, 3, rank, 2, 4, 0.5, 7, max_batches=2))
+        assert len(bounded) == 2
+        for a, b in zip(streamed, bounded):
+            assert torch.equal(a.context_ids, b.context_ids) and torch.equal(a.input_ids, b.input_ids)
+            assert torch.equal(a.mlm_labels, b.mlm_labels) and torch.equal(a.mentions.entity_ids, b.mentions.entity_ids)
+    code = ("import ray; from eae_platform.pretrain import data; "
+            f"b = list(data.iter_eval({files!r}, 3, 0, 2, 4, 0.5, 7, max_batches=2)); "
+            "print([int(i) for x in b for i in x.context_ids], ray.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.stdout.strip() == "[0, 2, 4, 6, 8, 10, 12, 14] False", out.stdout + out.stderr
+
+
+def test_workers_holding_every_cpu_while_ray_data_has_tasks_are_warned_about(tmp_path):
+    """ray_data_cpu_note: a warning when the workers would take every CPU and Ray Data still
+    reads (training data streamed, or an unbounded evaluation); none with a CPU left, or when
+    nothing is read through Ray Data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eae_platform.pretrain.checks import ray_data_cpu_note
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    (tmp_path / "shards" / "train").mkdir(parents=True)
+    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}), tmp_path / "shards" / "train" / "part-0.parquet")
+
+    def note(cpus, *overrides):
+        config = load_pretrain_config(preset="tiny", overrides=[f"train.data={tmp_path}", "train.cpus_per_worker=2", *overrides])
+        return ray_data_cpu_note(config, cpus)
+
+    assert note(2) is None  # a small split is cached and the evaluation is bounded: nothing for Ray Data
+    streamed = note(2, "train.cache_data=false")
+    assert streamed.startswith("warning: 1 worker(s) x train.cpus_per_worker=2 take 2 of the cluster's 2 CPUs") \
+        and "training data streamed from Parquet" in streamed, streamed
+    assert "train.eval_batches=0" in note(2.5, "train.eval_batches=0")
+    assert note(3, "train.cache_data=false") is None and note(3, "train.eval_batches=0") is None

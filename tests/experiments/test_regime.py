@@ -151,6 +151,23 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert "| wvital" not in tables.stdout.split("## Real text")[0]  # no synthetic table row for them
 
 
+def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, tmp_path, monkeypatch):
+    """SIZES=minilm: pretrain.sh launches the cell with train.init_encoder=minilm (size_set),
+    as its MLflow run's params record."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the cells' stores are file stores
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
+           "WORLDS": "300r2", "SIZES": "minilm", "VARIANTS": "eae", "SEEDS": "0", "STEPS": "2", "LOG_EVERY": "1",
+           "BATCH": "4", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    assert _stage("data", env).returncode == 0
+    done = _stage("pretrain", env)
+    assert done.returncode == 0 and "w300r2-minilm-eae-s0: finished at step 2" in done.stdout, done.stdout + done.stderr
+    client = MlflowClient(f"file://{tmp_path / 'study' / 'mlruns' / 'w300r2-minilm-eae-s0'}")
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+    assert run.data.params["train.init_encoder"] == "minilm" and run.data.params["model.hidden_size"] == "384"
+
+
 def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(capsys):
     """print_ablations on hand-set per-seed figures: EaE − EaE-unsup, EaE − MM and No-EaE − MM,
     each the mean of the per-seed gaps with its t-interval and verdict (Table 2's rows), and EaE

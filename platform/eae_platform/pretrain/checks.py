@@ -60,3 +60,23 @@ def data_fitted_overrides(config: PretrainConfig, config_file: str | None, overr
     built = {"model.max_length": manifest.get("settings", {}).get("max_length"),
              "model.num_entities": manifest.get("counts", {}).get("entities")}
     return [f"{k}={v}" for k, v in built.items() if v and k not in given and v != getattr(config.model, k.removeprefix("model."))]
+
+
+def ray_data_cpu_note(config: PretrainConfig, cluster_cpus: float) -> str | None:
+    """A warning when the workers would hold every CPU of the cluster while Ray Data still has
+    tasks to run (training data streamed from Parquet: train.cache_data off, or a split over
+    data.CACHE_MAX_BYTES; an unbounded evaluation, train.eval_batches=0): each of its read tasks
+    needs a CPU of its own and would wait for one forever. None when there is no such task or a
+    CPU is left (an autoscaling cluster may still add one: a warning, not an error)."""
+    from eae_platform.pretrain.data import cache_by_default
+
+    t = config.train
+    cached = cache_by_default(shard_files(t.data, "train")) if t.cache_data is None else t.cache_data
+    taken = t.cpus_per_worker * t.num_workers
+    if (cached and t.eval_batches > 0) or cluster_cpus - taken >= 1:
+        return None
+    return (f"warning: {t.num_workers} worker(s) x train.cpus_per_worker={t.cpus_per_worker:g} take {taken:g} of the "
+            f"cluster's {cluster_cpus:g} CPUs, and Ray Data's read tasks ("
+            + ("training data streamed from Parquet" if not cached else "the whole dev split, train.eval_batches=0")
+            + ") each need one: they would wait for a CPU forever. Lower train.cpus_per_worker or add a node.")
+

@@ -348,16 +348,28 @@ def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities
     """Evaluation batches: every rank reads all (small) dev files in order and keeps every
     world_size-th row of each global batch, so all ranks run the same number of steps (the
     sharded table's collectives need every rank in every call). Masks are drawn as in
-    training, with the epoch number EVAL_EPOCH: the same masks at every evaluation."""
-    rows = sum(pq.read_metadata(f).num_rows for f in files)
+    training, with the epoch number EVAL_EPOCH: the same masks at every evaluation.
+
+    A bounded evaluation (max_batches, train.eval_batches's default) reads its rows with pyarrow
+    from the first files that hold them, in the worker: no Ray Data task, which needs a CPU of
+    its own. A run whose workers took every CPU of the cluster (`train.cpus_per_worker=2` on a
+    2-core machine) waited forever at its first evaluation for one. Unbounded, Ray Data streams
+    the whole split."""
+    counts = [pq.read_metadata(f).num_rows for f in files]
+    rows = sum(counts)
     batch_size = min(batch_size, rows // world_size)  # a dev split smaller than a batch: one smaller batch
     if batch_size == 0:
         return
     steps = rows // (batch_size * world_size)
     if max_batches:
         steps = min(steps, max_batches)
-    dataset = read_rows(files, steps * batch_size * world_size)
-    for rows in dataset.iter_batches(batch_size=batch_size * world_size, batch_format="numpy", drop_last=True):
+    need, width = steps * batch_size * world_size, batch_size * world_size
+    if max_batches:
+        held = np.cumsum(counts)
+        batches = cached_batches(files[: int(np.searchsorted(held, need)) + 1], need, width, {})
+    else:
+        batches = read_rows(files, need).iter_batches(batch_size=width, batch_format="numpy", drop_last=True)
+    for rows in batches:
         yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities, pad_to)
 
 

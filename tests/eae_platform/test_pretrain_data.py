@@ -528,3 +528,31 @@ def test_workers_holding_every_cpu_while_ray_data_has_tasks_are_warned_about(tmp
         and "training data streamed from Parquet" in streamed, streamed
     assert "train.eval_batches=0" in note(2.5, "train.eval_batches=0")
     assert note(3, "train.cache_data=false") is None and note(3, "train.eval_batches=0") is None
+
+
+def test_shuffled_epochs_mix_the_shards_rows_in_a_seeded_order(tmp_path):
+    """train.shuffle_rows (the cached path): an epoch's batches hold the rows of file order in an
+    order drawn from (seed, epoch, rank): the same rows, the same order again for a relaunch
+    (resumption skips into it), another order next epoch, and batches that mix the shards
+    (in file order the first batches came from the first shard alone)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = []
+    for f in range(3):
+        ids = range(100 * f, 100 * f + 10)
+        table = pa.table({"context_id": list(ids), "token_ids": [[101, 1000 + i % 5, 102] for i in ids],
+                          "mention_starts": [[1]] * 10, "mention_ends": [[1]] * 10, "mention_entity_ids": [[i % 7] for i in ids]})
+        files.append(str(tmp_path / f"part-{f}.parquet"))
+        pq.write_table(table, files[-1])
+
+    def epoch(e, shuffle, skip=0):
+        return [[int(i) for i in b.context_ids] for _, b in data.iter_epoch(files, 3, e, 0, 1, 6, 0.5, 7, skip, cache={},
+                                                                             shuffle=shuffle)]
+
+    ordered, shuffled = epoch(0, False), epoch(0, True)
+    assert len(ordered) == len(shuffled) == 5
+    assert sorted(sum(shuffled, [])) == sorted(sum(ordered, [])) == sorted(i for f in range(3) for i in range(100 * f, 100 * f + 10))
+    assert len({i // 100 for i in ordered[0]}) == 1 and len({i // 100 for i in shuffled[0]}) > 1, (ordered[0], shuffled[0])
+    assert epoch(0, True) == shuffled and epoch(0, True, skip=2) == shuffled[2:]
+    assert epoch(1, True) != shuffled

@@ -71,6 +71,10 @@ class TrainConfig:
     # keep each worker's training rows in memory after their first read, so later epochs start
     # no Ray Data pipeline (data.cached_batches); None: when the training files are small
     cache_data: bool | None = None
+    # each epoch, a cached split's rows (cache_data) in an order drawn from (seed, epoch, rank)
+    # rather than its shards' order (articles in order, often one source to a shard: a small
+    # batch trained on one source for many steps); a streamed split keeps its shards' row order
+    shuffle_rows: bool = True
     # every batch padded to model.max_length (one shape for all steps: cuDNN attention and Triton
     # plan per shape) or to its longest context; None: fixed on GPUs, longest on CPUs
     pad_to_max_length: bool | None = None

@@ -182,7 +182,8 @@ def read_rows(files: list[str], rows: int):
     return ray.data.read_parquet(files, columns=COLUMNS, shuffle=None).limit(rows)
 
 
-def cached_batches(files: list[str], rows: int, batch_size: int, cache: dict[str, dict[str, np.ndarray]]):
+def cached_batches(files: list[str], rows: int, batch_size: int, cache: dict[str, dict[str, np.ndarray]],
+                   order_seed: list[int] | None = None):
     """The batches `read_rows(files, rows).iter_batches(batch_size, drop_last=True)` gives (the
     same rows in the same order and numpy format), from `cache`: each file's columns, read with
     pyarrow the first time an epoch needs the file and kept for every later epoch.
@@ -191,12 +192,20 @@ def cached_batches(files: list[str], rows: int, batch_size: int, cache: dict[str
     change with the epoch, `files_for_rank`), and a start took ~1-11 s before the first batch
     (docs/performance.md). On data that fits in memory an epoch can be a handful of steps (the
     regime study's 5k-entity world: 9 steps of 512 contexts), and start-ups would then take
-    most of the run. `train.cache_data` chooses (default: when the training split is small)."""
+    most of the run. `train.cache_data` chooses (default: when the training split is small).
+
+    order_seed: the files' rows in a random order drawn from this seed (then the first `rows`),
+    not file order (train.shuffle_rows): shards hold their articles' contexts in order, often
+    one source to a shard, and a small batch read in file order trained on one source and one
+    stretch of the alphabet for many steps (the loss rose at each shard boundary)."""
     for f in files:
         if f not in cache:
             table = pq.read_table(f, columns=COLUMNS)
             cache[f] = {c: table.column(c).to_numpy(zero_copy_only=False) for c in COLUMNS}
-    columns = {c: np.concatenate([cache[f][c] for f in files])[:rows] for c in COLUMNS}
+    columns = {c: np.concatenate([cache[f][c] for f in files]) for c in COLUMNS}
+    pick = (np.random.default_rng(order_seed).permutation(len(columns[COLUMNS[0]]))[:rows] if order_seed is not None
+            else slice(0, rows))
+    columns = {c: v[pick] for c, v in columns.items()}
     for start in range(0, rows - batch_size + 1, batch_size):
         yield {c: v[start : start + batch_size] for c, v in columns.items()}
 
@@ -211,9 +220,10 @@ def cache_by_default(files: list[str]) -> bool:
 
 
 def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None,
-               cache: dict | None = None):
+               cache: dict | None = None, shuffle: bool = False):
     """The rank's batches of one epoch (Ray Data streaming, order preserved; or from `cache`,
-    `cached_batches`), after skipping the first `skip_steps` (resumption); stops at
+    `cached_batches`, with `shuffle` its rows in an order drawn from (seed, epoch, rank)), after
+    skipping the first `skip_steps` (resumption: the same order again); stops at
     steps_per_epoch."""
     steps = steps_per_epoch(files, seed, epoch, world_size, batch_size)
     mine = files_for_rank(files, seed, epoch, rank, world_size)
@@ -223,7 +233,7 @@ def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_
         batches = read_rows(mine, steps * batch_size).iter_batches(batch_size=batch_size, batch_format="numpy",
                                                                    drop_last=True)
     else:
-        batches = cached_batches(mine, steps * batch_size, batch_size, cache)
+        batches = cached_batches(mine, steps * batch_size, batch_size, cache, [seed, epoch, rank] if shuffle else None)
     for step, rows in enumerate(batches):
         if step < skip_steps:
             continue

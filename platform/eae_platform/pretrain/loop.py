@@ -373,7 +373,8 @@ class Trainer:
         def open_epoch(epoch: int, skip: int):
             return data.prefetch(
                 data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
-                                self.config.model.num_entities, skip, pad_to(self.config), cache),
+                                self.config.model.num_entities, skip, pad_to(self.config), cache,
+                                shuffle=t.shuffle_rows),
                 t.prefetch_batches, pin_for=self.device if self.device.type == "cuda" else None)
 
         def steps_in(epoch: int) -> int:

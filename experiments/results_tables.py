@@ -404,7 +404,8 @@ def print_answer_frequency(cells: dict, data_dirs: dict[str, Path]) -> None:
                      "EaE − No-EaE"], rows) + "\n")
 
 
-def print_tables(cells: dict, figure: Path | None) -> None:
+def print_tables(cells: dict, figure: Path | None) -> dict:
+    """Every regime table; returns summarize's groups (for --versus)."""
     groups, setting = summarize(cells)
     print("### Settings\n")
     rows = []
@@ -444,6 +445,7 @@ def print_tables(cells: dict, figure: Path | None) -> None:
     print_ablations(groups)
     if figure:
         draw(setting, gaps, figure)
+    return groups
 
 
 def figure_cell(g: dict, k: str) -> str:
@@ -598,12 +600,12 @@ def main() -> None:
     cells = {}
     for path in args.stores:
         cells.update(read_cells(path))
-    print_tables(cells, args.figure)
+    groups = print_tables(cells, args.figure)
     if args.versus:
         other = {}
         for path in args.versus:
             other.update(read_cells(path))
-        print_versus(summarize(cells)[0], summarize(other)[0], " ".join(p.name for p in args.versus))
+        print_versus(groups, summarize(other)[0], " ".join(p.name for p in args.versus))
     print_real_text(cells)
     if any("=" not in a for a in args.answer_frequency):
         parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")

@@ -68,10 +68,10 @@ def ray_data_cpu_note(config: PretrainConfig, cluster_cpus: float) -> str | None
     data.CACHE_MAX_BYTES; an unbounded evaluation, train.eval_batches=0): each of its read tasks
     needs a CPU of its own and would wait for one forever. None when there is no such task or a
     CPU is left (an autoscaling cluster may still add one: a warning, not an error)."""
-    from eae_platform.pretrain.data import cache_by_default
+    from eae_platform.pretrain.data import caches
 
     t = config.train
-    cached = cache_by_default(shard_files(t.data, "train")) if t.cache_data is None else t.cache_data
+    cached = caches(shard_files(t.data, "train"), t.cache_data)
     taken = t.cpus_per_worker * t.num_workers
     if (cached and t.eval_batches > 0) or cluster_cpus - taken >= 1:
         return None

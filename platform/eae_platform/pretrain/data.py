@@ -219,6 +219,11 @@ def cache_by_default(files: list[str]) -> bool:
     return sum(Path(f).stat().st_size for f in files) <= CACHE_MAX_BYTES
 
 
+def caches(files: list[str], cache_data: bool | None) -> bool:
+    """Whether the training split is kept in memory (train.cache_data; None: cache_by_default)."""
+    return cache_by_default(files) if cache_data is None else cache_data
+
+
 def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None,
                cache: dict | None = None, shuffle: bool = False):
     """The rank's batches of one epoch (Ray Data streaming, order preserved; or from `cache`,

@@ -368,7 +368,7 @@ class Trainer:
         table's mention counts on every worker, exchanged ahead of the step (with_table_counts)
         when the table is split over several workers, else None."""
         t, rank, world_size = self.config.train, self.rank, self.world_size
-        cache = {} if (data.cache_by_default(files) if t.cache_data is None else t.cache_data) else None
+        cache = {} if data.caches(files, t.cache_data) else None
 
         def open_epoch(epoch: int, skip: int):
             return data.prefetch(

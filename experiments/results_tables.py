@@ -306,6 +306,7 @@ def summarize(cells: dict) -> tuple[dict, dict]:
                 g[f"{name}_prior"].append(value(runs, cell, *PRIORS[name]))
             if name in COUNTS:
                 g[f"{name}_n"].append(value(runs, cell, *COUNTS[name]))
+        g["qa_dev_em"].append(value(runs, cell, "qa-", "dev/em"))  # picks a recipe (--best-recipe)
         facts = value(runs, cell, "lama-", "lama/synth/stated/available")
         params = pre["params"]
         if facts is not None and m["variant"] == "eae":
@@ -540,6 +541,98 @@ def print_versus(groups: dict, other: dict, label: str) -> None:
         print("\n✓: these stores' runs better, the interval excludes 0; ✗: the others better.\n")
 
 
+def recipe_of(runs: dict, cell: str) -> tuple | None:
+    """A cell's training recipe: (lr, steps, warmup share, batch) of its pretraining and (lr,
+    steps) of its QA fine-tuning, from the runs' params; None without both runs."""
+    pre, qa = runs.get(cell), runs.get("qa-" + cell)
+    if pre is None or qa is None:
+        return None
+    t, f = pre["params"], qa["params"]
+    try:
+        return (float(t["train.lr"]), int(t["train.max_steps"]), float(t["train.warmup_fraction"]),
+                int(t["train.batch_size"]), float(f["finetune.lr"]), int(f["finetune.max_steps"]))
+    except KeyError:  # a run that did not log its config (read_recipes counts these)
+        return None
+
+
+def recipe_label(r: tuple) -> str:
+    lr, steps, warmup, batch, qa_lr, qa_steps = r
+    e = lambda x: f"{x:.0e}".replace("e-0", "e-")  # noqa: E731  (3e-4, not 0.0003)
+    return f"lr {e(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}); QA {qa_steps} at {e(qa_lr)}"
+
+
+def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
+    """{recipe: cells} over the stores, each cell under the recipe it was trained with (the same
+    cell name trained at several recipes lands in several); a later store's cell wins within one
+    recipe, as in main()."""
+    by_recipe: dict[tuple, dict] = defaultdict(dict)
+    skipped = 0
+    for path in paths:
+        for cell, runs in read_cells(path).items():
+            r = recipe_of(runs, cell) if CELL.match(cell) else None
+            if r is not None:
+                by_recipe[r][cell] = runs
+            elif CELL.match(cell):
+                skipped += 1
+    if skipped:
+        print(f"({skipped} cell(s) left out: no QA run, or a run without its recipe's params)\n")
+    return by_recipe
+
+
+def best_recipes(by_recipe: dict[tuple, dict]) -> dict[tuple, list]:
+    """{(world, size, variant): [(recipe, group, dev EM on the seeds every recipe of that model
+    holds, dev EM on all the recipe's seeds), ...]}, best first by the first dev figure (by the
+    second when fewer than 3 seeds are common): the dev questions pick the recipe, the test
+    questions then compare the picks."""
+    candidates: dict[tuple, list] = defaultdict(list)
+    for r, cells in by_recipe.items():
+        for key, g in summarize(cells)[0].items():
+            if any(x is not None for x in g["qa_dev_em"]):
+                candidates[key].append((r, g))
+    ranked = {}
+    for key, options in candidates.items():
+        common = set.intersection(*(set(g["seeds"]) for _, g in options))
+        rows = []
+        for r, g in options:
+            dev = {s: x for s, x in zip(g["seeds"], g["qa_dev_em"]) if x is not None}
+            on_common = [x for s, x in dev.items() if s in common]
+            rows.append((r, g, statistics.fmean(on_common) if len(common) >= 3 and on_common else None,
+                         statistics.fmean(dev.values())))
+        ranked[key] = sorted(rows, key=lambda row: -(row[2] if row[2] is not None else row[3]))
+    return ranked
+
+
+def print_best_recipes(ranked: dict[tuple, list]) -> None:
+    """Each model at its best recipe on dev QA EM, then EaE − No-EaE at those recipes on test,
+    paired by seed: a fair test of EaE's QA edge needs each model's own best recipe. Where the
+    pick on all of each recipe's seeds differs from the pick on the common ones, both pairs."""
+    print("### Each model's recipes: QA dev EM picks one, test EM reported (mean over seeds [95% t-interval])\n")
+    rows = []
+    for (w, z, v), options in sorted(ranked.items()):
+        for i, (r, g, dev_common, dev_all) in enumerate(options):
+            rows.append([world_label(w), z, v, recipe_label(r) + (" **(picked)**" if i == 0 else ""),
+                         str(len(g["seeds"])), percent(dev_common), percent(dev_all), figure_cell(g, "qa_em")])
+    print(table(["world", "transformer", "model", "recipe", "seeds", "QA dev EM, seeds all its recipes hold",
+                 "QA dev EM, all its seeds", "QA test EM"], rows))
+    print("\nThe pick: the best dev EM on the seeds every recipe of the model holds (on all its seeds when fewer than 3 are).\n")
+    rows = []
+    for (w, z) in sorted({(w, z) for (w, z, v) in ranked if v == "eae"}):
+        if (w, z, "no_eae") not in ranked:
+            continue
+        by_all = {v: max(ranked[(w, z, v)], key=lambda row: row[3]) for v in ("eae", "no_eae")}
+        picks = [("common seeds", ranked[(w, z, "eae")][0], ranked[(w, z, "no_eae")][0])]
+        if (by_all["eae"][0], by_all["no_eae"][0]) != (picks[0][1][0], picks[0][2][0]):
+            picks.append(("all its seeds", by_all["eae"], by_all["no_eae"]))
+        for rule, (re_, eae, *_), (rn, no, *_) in picks:
+            rows.append([world_label(w), z, rule, recipe_label(re_), recipe_label(rn)]
+                        + [gap_cell(paired_gap(eae, k, no, k)) for k in ("qa_em", "qa_em_stated", "qa_em_unstated")])
+    if rows:
+        print("### EaE − No-EaE, each at its best recipe on dev QA, paired by seed: mean gap [95% t-interval] (points)\n")
+        print(table(["world", "transformer", "picked on dev EM over", "EaE's recipe", "No-EaE's recipe"]
+                    + [METRICS[k][2] for k in ("qa_em", "qa_em_stated", "qa_em_unstated")], rows))
+        print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better; ~: the interval holds 0.\n")
+
+
 def draw(setting: dict, gaps: dict, path: Path) -> None:
     import matplotlib
     import matplotlib.ticker
@@ -585,6 +678,9 @@ def main() -> None:
     parser.add_argument("--versus", nargs="+", type=Path, default=[], metavar="STORE",
                         help="regime: also print each model − the same model and seed in these stores "
                         "(the same cells trained at another recipe)")
+    parser.add_argument("--best-recipe", action="store_true",
+                        help="regime: only pick each model's best recipe (pretraining lr, steps, warmup; QA lr, steps) "
+                        "on QA dev EM among the stores' cells, and compare EaE and No-EaE at their picks on test")
     args = parser.parse_args()
     missing = [str(p) for p in args.stores + args.versus if not p.exists()]
     if missing:
@@ -596,6 +692,12 @@ def main() -> None:
         if len(args.stores) > 1:
             print("## Wikipedia sample\n")
             synthetic(MlflowClient(f"sqlite:///{args.stores[1]}"), prefix="wiki-")
+        return
+    if args.best_recipe:
+        ranked = best_recipes(read_recipes(args.stores))
+        if not ranked:
+            parser.error("--best-recipe: no cell in these stores has a QA run with a dev EM")
+        print_best_recipes(ranked)
         return
     cells = {}
     for path in args.stores:

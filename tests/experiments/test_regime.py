@@ -151,6 +151,55 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert "| wvital" not in tables.stdout.split("## Real text")[0]  # no synthetic table row for them
 
 
+def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test(tmp_path, monkeypatch):
+    """--best-recipe on two real stores of the same cells trained at two recipes (lr 1e-3 x
+    2,000 and lr 3e-4 x 6,000): each model's recipe is picked by QA dev EM on the seeds both its
+    recipes hold (0-2), never by test EM, and EaE − No-EaE is paired by seed on test at the picks.
+    By hand: EaE picks 1e-3 (dev 20 > 15; by test EM it would pick 3e-4, 25 > 23), No-EaE 3e-4
+    (30 > 10); test gaps 0, 2, 4 points: mean 2, sd 2, half-width 4.303 x 2 / sqrt 3 = 5.0. On all
+    its seeds EaE's 3e-4 has dev 26.25 (seed 4: 60) and is picked: gaps 5, 5, 5."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    # recipe: {(variant, seed): (dev EM, test EM)}
+    recipes = {("0.001", "2000"): {**{("eae", s): (0.20, 0.20 + 0.02 * s) for s in range(4)},
+                                   **{("no_eae", s): (0.10, 0.10 + 0.01 * s) for s in range(4)}},
+               ("0.0003", "6000"): {**{("eae", s): (0.15, 0.25) for s in range(3)}, ("eae", 4): (0.60, 0.25),
+                                    **{("no_eae", s): (0.30, 0.20) for s in range(3)}}}
+    stores = []
+    for (lr, steps), cells in recipes.items():
+        store = tmp_path / f"lr{lr}" / "mlruns"
+        for (variant, seed), (dev, test) in cells.items():
+            cell = f"w5000r4-medium-{variant}-s{seed}"
+            client = MlflowClient(f"file://{store / cell}")
+            experiment = client.create_experiment("regime")
+            runs = {cell: {"train.lr": lr, "train.max_steps": steps, "train.warmup_fraction": "0.05",
+                           "train.batch_size": "512"},
+                    f"qa-{cell}": {"finetune.lr": "0.0001", "finetune.max_steps": "300"}}
+            for name, params in runs.items():
+                run = client.create_run(experiment, run_name=name)
+                for k, v in params.items():
+                    client.log_param(run.info.run_id, k, v)
+                if name.startswith("qa-"):
+                    client.log_metric(run.info.run_id, "dev/em", dev)
+                    client.log_metric(run.info.run_id, "test/em", test)
+                client.set_terminated(run.info.run_id, "FINISHED")
+        stores.append(str(store))
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe", *stores],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr
+    picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r]
+    assert [(r[2], r[3].split(" (")[0]) for r in picked] == [("eae", "lr 1e-3 x 2,000"), ("no_eae", "lr 3e-4 x 6,000")], picked
+    gaps = tables.stdout.split("### EaE − No-EaE, each at its best recipe")[1]
+    rows = {r.strip(" |").split(" | ")[2]: r.strip(" |").split(" | ") for r in gaps.splitlines() if r.startswith("| 5,000")}
+    assert rows["common seeds"][5] == "+2.0 [-3.0, +7.0] ~ (seeds=3)", rows
+    assert rows["all its seeds"][3].startswith("lr 3e-4 x 6,000") and rows["all its seeds"][5] == "+5.0 [+5.0, +5.0] ✓ (seeds=3)", rows
+    (tmp_path / "empty").mkdir()  # stores without a QA run: a clear error, exit 2
+    empty = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe",
+                            str(tmp_path / "empty")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert empty.returncode == 2 and "no cell in these stores has a QA run" in empty.stderr, empty.stderr
+
+
 def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, tmp_path, monkeypatch):
     """SIZES=minilm: pretrain.sh launches the cell with train.init_encoder=minilm (size_set),
     as its MLflow run's params record."""

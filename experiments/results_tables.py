@@ -4,6 +4,9 @@ docs/results.md comes from the runs, none is typed by hand.
     # the regime study (experiments/regime/, docs/results.md, which lists the archives of its
     # main tables in order): archives of its cells' stores, a later archive's cell winning
     .venv/bin/python experiments/results_tables.py ARCHIVE.mlruns.tar.xz... [--figure docs/results/regime.svg]
+    # the same cells trained at several recipes (one archive per recipe): each model's recipe
+    # picked on QA dev EM, then EaE − No-EaE at the picks on test
+    .venv/bin/python experiments/results_tables.py --best-recipe ARCHIVE.mlruns.tar.xz...
     # the small CPU reproduction (experiments/reproduce.sh, docs/results/cpu-reproduction.md)
     .venv/bin/python experiments/results_tables.py runs/reproduce/mlflow.db [runs/reproduce-wiki/mlflow.db]
 

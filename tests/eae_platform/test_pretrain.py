@@ -192,9 +192,11 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     plain_tmp, _, _ = uninterrupted
     config = pretrain_config(wiki, tmp_path, "crash", max_failures=1, mlflow_uri=server.url, register_as="eae-pg",
                              out=str(tmp_path / "model"))
-    # killed at step 10: Ray Train registers a reported checkpoint asynchronously, and a kill two
-    # steps after the first one (step 6) once found none and restarted from step 0 (a CI run)
-    watcher, killed = _kill_rank_when(tmp_path, "crash", rank=0, step=10)
+    # killed once Ray Train has registered the first checkpoint (step 4): it registers reports
+    # asynchronously (a kill at logged step 6 once found none and restarted from step 0, a CI
+    # run), and the next registration is a 2 s health check later, so the kill comes well
+    # before the run could finish and the checkpoint read at the kill is the one resumed
+    watcher, killed = _kill_rank_when(tmp_path, "crash", rank=0, step=5, past_checkpoint=0)
     summary = run(config)
     watcher.join(timeout=5)
     # the checkpoint the replacement resumes: the latest Ray Train had registered at the kill,

@@ -572,11 +572,13 @@ def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
     skipped = 0
     for path in paths:
         for cell, runs in read_cells(path).items():
-            r = recipe_of(runs, cell) if CELL.match(cell) else None
-            if r is not None:
-                by_recipe[r][cell] = runs
-            elif CELL.match(cell):
+            if not CELL.match(cell):  # the real-text world has no recipe grid
+                continue
+            r = recipe_of(runs, cell)
+            if r is None:
                 skipped += 1
+            else:
+                by_recipe[r][cell] = runs
     if skipped:
         print(f"({skipped} cell(s) left out: no QA run, or a run without its recipe's params)\n")
     return by_recipe

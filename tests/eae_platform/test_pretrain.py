@@ -93,11 +93,12 @@ def _registered_checkpoint(tmp, name) -> int | None:
     return json.loads((snapshot.parent / latest["checkpoint_dir_name"] / "state.json").read_text())["step"]
 
 
-def _kill_rank_when(tmp, name, rank, step, sig=signal.SIGKILL, past_checkpoint=None):
-    """In the background: once `rank` has logged `step` (and, with past_checkpoint, once Ray
-    Train has registered a checkpoint after that step), SIGKILL its worker process. Returns the
-    thread and a dict it fills at the kill: the last step the process logged and the step of the
-    checkpoint Ray Train had registered then."""
+def _kill_rank_when(tmp, name, rank, step, past_checkpoint, sig=signal.SIGKILL):
+    """In the background: once `rank` has logged `step` and Ray Train has registered a
+    checkpoint after step `past_checkpoint` (its registration, not a logged step, times the kill:
+    the steps outrun a poll), SIGKILL its worker process. Returns the thread and a dict it fills
+    at the kill: the last step the process logged and the step of the checkpoint Ray Train had
+    registered then."""
     trace = tmp / "ray" / name / f"examples-rank{rank}.jsonl"
     killed = {}
 
@@ -107,8 +108,7 @@ def _kill_rank_when(tmp, name, rank, step, sig=signal.SIGKILL, past_checkpoint=N
             if trace.is_file():
                 records = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
                 checkpoint = _registered_checkpoint(tmp, name)
-                ready = past_checkpoint is None or (checkpoint or 0) > past_checkpoint
-                if records and records[-1]["step"] >= step and ready:
+                if records and records[-1]["step"] >= step and (checkpoint or 0) > past_checkpoint:
                     killed.update(step=records[-1]["step"], checkpoint=checkpoint)
                     os.kill(records[-1]["pid"], sig)
                     return

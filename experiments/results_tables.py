@@ -545,23 +545,28 @@ def print_versus(groups: dict, other: dict, label: str) -> None:
 
 
 def recipe_of(runs: dict, cell: str) -> tuple | None:
-    """A cell's training recipe: (lr, steps, warmup share, batch) of its pretraining and (lr,
-    steps) of its QA fine-tuning, from the runs' params; None without both runs."""
+    """A cell's training recipe: (lr, steps, warmup share, batch, rows shuffled) of its
+    pretraining and (lr, steps) of its QA fine-tuning, from the runs' params; None without both
+    runs."""
     pre, qa = runs.get(cell), runs.get("qa-" + cell)
     if pre is None or qa is None:
         return None
     t, f = pre["params"], qa["params"]
     try:
         return (float(t["train.lr"]), int(t["train.max_steps"]), float(t["train.warmup_fraction"]),
-                int(t["train.batch_size"]), float(f["finetune.lr"]), int(f["finetune.max_steps"]))
+                int(t["train.batch_size"]),
+                # runs from before train.shuffle_rows read their rows in file order
+                t.get("train.shuffle_rows", "false").lower() == "true",
+                float(f["finetune.lr"]), int(f["finetune.max_steps"]))
     except KeyError:  # a run that did not log its config (read_recipes counts these)
         return None
 
 
 def recipe_label(r: tuple) -> str:
-    lr, steps, warmup, batch, qa_lr, qa_steps = r
+    lr, steps, warmup, batch, shuffled, qa_lr, qa_steps = r
     e = lambda x: f"{x:.0e}".replace("e-0", "e-")  # noqa: E731  (3e-4, not 0.0003)
-    return f"lr {e(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}); QA {qa_steps} at {e(qa_lr)}"
+    order = "rows shuffled" if shuffled else "file order"
+    return f"lr {e(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}, {order}); QA {qa_steps} at {e(qa_lr)}"
 
 
 def read_recipes(paths: list[Path]) -> dict[tuple, dict]:

@@ -157,7 +157,10 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     recipes hold (0-2), never by test EM, and EaE − No-EaE is paired by seed on test at the picks.
     By hand: EaE picks 1e-3 (dev 20 > 15; by test EM it would pick 3e-4, 25 > 23), No-EaE 3e-4
     (30 > 10); test gaps 0, 2, 4 points: mean 2, sd 2, half-width 4.303 x 2 / sqrt 3 = 5.0. On all
-    its seeds EaE's 3e-4 has dev 26.25 (seed 4: 60) and is picked: gaps 5, 5, 5."""
+    its seeds EaE's 3e-4 has dev 26.25 (seed 4: 60) and is picked: gaps 5, 5, 5. A third store
+    repeats the 3e-4 cells with rows shuffled (train.shuffle_rows), every EM 0: a recipe of its
+    own, never picked (merged into the file-order 3e-4, its later cells would win and change
+    both picks)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -166,15 +169,16 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
                                    **{("no_eae", s): (0.10, 0.10 + 0.01 * s) for s in range(4)}},
                ("0.0003", "6000"): {**{("eae", s): (0.15, 0.25) for s in range(3)}, ("eae", 4): (0.60, 0.25),
                                     **{("no_eae", s): (0.30, 0.20) for s in range(3)}}}
+    recipes[("0.0003", "6000", "shuffled")] = {cell: (0.0, 0.0) for cell in recipes[("0.0003", "6000")]}
     stores = []
-    for (lr, steps), cells in recipes.items():
-        store = tmp_path / f"lr{lr}" / "mlruns"
+    for (lr, steps, *shuffled), cells in recipes.items():
+        store = tmp_path / f"lr{lr}{'-'.join(['', *shuffled])}" / "mlruns"
         for (variant, seed), (dev, test) in cells.items():
             cell = f"w5000r4-medium-{variant}-s{seed}"
             client = MlflowClient(f"file://{store / cell}")
             experiment = client.create_experiment("regime")
             runs = {cell: {"train.lr": lr, "train.max_steps": steps, "train.warmup_fraction": "0.05",
-                           "train.batch_size": "512"},
+                           "train.batch_size": "512", **({"train.shuffle_rows": "true"} if shuffled else {})},
                     f"qa-{cell}": {"finetune.lr": "0.0001", "finetune.max_steps": "300"}}
             for name, params in runs.items():
                 run = client.create_run(experiment, run_name=name)
@@ -190,6 +194,7 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     assert tables.returncode == 0, tables.stderr
     picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r]
     assert [(r[2], r[3].split(" (")[0]) for r in picked] == [("eae", "lr 1e-3 x 2,000"), ("no_eae", "lr 3e-4 x 6,000")], picked
+    assert "file order" in picked[1][3] and tables.stdout.count("rows shuffled); QA") == 2, tables.stdout  # its EaE and No-EaE rows
     gaps = tables.stdout.split("### EaE − No-EaE, each at its best recipe")[1]
     rows = {r.strip(" |").split(" | ")[2]: r.strip(" |").split(" | ") for r in gaps.splitlines() if r.startswith("| 5,000")}
     assert rows["common seeds"][5] == "+2.0 [-3.0, +7.0] ~ (seeds=3)", rows
@@ -198,6 +203,36 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     empty = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe",
                             str(tmp_path / "empty")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert empty.returncode == 2 and "no cell in these stores has a QA run" in empty.stderr, empty.stderr
+
+
+def test_recipes_run_side_by_side_each_in_a_study_of_its_own_sharing_the_worlds_data(ray_cluster, tmp_path, monkeypatch):
+    """recipes.sh: one stage for two recipes at once, each in $STUDY/<name> with its settings (the
+    pretraining runs log lr 1e-3 with a 5% warmup and lr 3e-4 with 25%), both reading the one
+    world built in $STUDY; the GPUs are shared by every recipe's cells (3 recipes of a cell on one
+    GPU: a third each, where one alone would get all of it); a malformed recipe is refused before
+    anything runs."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    study = tmp_path / "study"
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(study),
+           "WORLDS": "300r2", "SIZES": "small", "VARIANTS": "eae", "SEEDS": "0", "STEPS": "2", "LOG_EVERY": "1",
+           "BATCH": "4", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    assert _stage("data", env).returncode == 0
+    recipes = {**env, "RECIPES": "fast:LR=0.001 gentle:LR=0.0003,WARMUP=0.25"}
+    done = _stage("recipes", recipes, str(REPO / "experiments" / "regime" / "pretrain.sh"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name, lr, warmup in (("fast", "0.001", "0.05"), ("gentle", "0.0003", "0.25")):
+        assert f"[{name}] w300r2-small-eae-s0: finished at step 2" in done.stdout, done.stdout
+        assert (study / name / "data").resolve() == (study / "data").resolve()  # the world's data, not a copy
+        client = MlflowClient(f"file://{study / name / 'mlruns' / 'w300r2-small-eae-s0'}")
+        run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+        assert (run.data.params["train.lr"], run.data.params["train.warmup_fraction"]) == (lr, warmup), run.data.params
+    shared = _stage("recipes", {**env, "RECIPES": "a:LR=1e-3 b:LR=3e-4 c:LR=1e-4", "GPUS": "1", "DEVICE": "gpu"},
+                    "bash", "-c", ". experiments/regime/settings.sh && echo share $(share)")
+    assert shared.returncode == 0 and shared.stdout.count("share 0.333") == 3, shared.stdout + shared.stderr
+    bad = _stage("recipes", {**env, "RECIPES": "fast:lr=0.001"}, "true")
+    assert bad.returncode == 2 and "expected NAME:SETTING=VALUE" in bad.stderr, bad.stderr
 
 
 def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, tmp_path, monkeypatch):

@@ -205,32 +205,29 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     assert empty.returncode == 2 and "no cell in these stores has a QA run" in empty.stderr, empty.stderr
 
 
-def test_recipes_run_side_by_side_each_in_a_study_of_its_own_sharing_the_worlds_data(ray_cluster, tmp_path, monkeypatch):
-    """recipes.sh: one stage for two recipes at once, each in $STUDY/<name> with its settings (the
-    pretraining runs log lr 1e-3 with a 5% warmup and lr 3e-4 with 25%), both reading the one
-    world built in $STUDY; the GPUs are shared by every recipe's cells (3 recipes of a cell on one
+def test_recipes_run_a_stage_side_by_side_each_in_a_study_of_its_own_sharing_the_worlds_data(tmp_path):
+    """recipes.sh: one command for three recipes at once, each in $STUDY/<name> with its own
+    settings as settings.sh reads them (what every stage script sources), each reading the world's
+    data built once in $STUDY, the GPUs shared by every recipe's cells (3 recipes of a cell on one
     GPU: a third each, where one alone would get all of it); a malformed recipe is refused before
-    anything runs."""
-    from mlflow.tracking import MlflowClient
-
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    anything runs. (Round 9 ran its pretraining, QA and evaluations through it on two H200s.)"""
     study = tmp_path / "study"
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(study),
-           "WORLDS": "300r2", "SIZES": "small", "VARIANTS": "eae", "SEEDS": "0", "STEPS": "2", "LOG_EVERY": "1",
-           "BATCH": "4", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli", "MLFLOW_ALLOW_FILE_STORE": "true"}
-    assert _stage("data", env).returncode == 0
-    recipes = {**env, "RECIPES": "fast:LR=0.001 gentle:LR=0.0003,WARMUP=0.25"}
-    done = _stage("recipes", recipes, str(REPO / "experiments" / "regime" / "pretrain.sh"))
+    (study / "data" / "w300r2").mkdir(parents=True)
+    (study / "data" / "w300r2" / "manifest.json").write_text("{}")
+    env = {**os.environ, "STUDY": str(study), "WORLDS": "300r2", "VARIANTS": "eae", "SEEDS": "0", "GPUS": "1", "DEVICE": "gpu",
+           "RECIPES": "fast:LR=1e-3 gentle:LR=3e-4,WARMUP=0.25 slow:LR=1e-4,STEPS=9000"}
+    show = ('. experiments/regime/settings.sh && test -f "$(data_dir 300r2)/manifest.json" && '
+            'echo "study=$STUDY lr=$LR warmup=$WARMUP steps=$STEPS $(device_set)"')
+    done = _stage("recipes", env, "bash", "-c", show)
     assert done.returncode == 0, done.stdout + done.stderr
-    for name, lr, warmup in (("fast", "0.001", "0.05"), ("gentle", "0.0003", "0.25")):
-        assert f"[{name}] w300r2-small-eae-s0: finished at step 2" in done.stdout, done.stdout
-        assert (study / name / "data").resolve() == (study / "data").resolve()  # the world's data, not a copy
-        client = MlflowClient(f"file://{study / name / 'mlruns' / 'w300r2-small-eae-s0'}")
-        run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
-        assert (run.data.params["train.lr"], run.data.params["train.warmup_fraction"]) == (lr, warmup), run.data.params
-    shared = _stage("recipes", {**env, "RECIPES": "a:LR=1e-3 b:LR=3e-4 c:LR=1e-4", "GPUS": "1", "DEVICE": "gpu"},
-                    "bash", "-c", ". experiments/regime/settings.sh && echo share $(share)")
-    assert shared.returncode == 0 and shared.stdout.count("share 0.333") == 3, shared.stdout + shared.stderr
+    lines = sorted(done.stdout.splitlines())
+    share = "--set train.use_gpu=true --set train.gpus_per_worker=0.333 --set train.cpus_per_worker=1"
+    assert lines == [f"[fast] study={study}/fast lr=1e-3 warmup=0.05 steps=5000 {share}",
+                     f"[gentle] study={study}/gentle lr=3e-4 warmup=0.25 steps=5000 {share}",
+                     f"[slow] study={study}/slow lr=1e-4 warmup=0.05 steps=9000 {share}"], lines
+    assert (study / "gentle" / "data").resolve() == (study / "data").resolve()  # the world's data, not a copy
+    failing = _stage("recipes", {**env, "RECIPES": "ok:LR=1e-3 broken:LR=3e-4"}, "bash", "-c", '[ "$LR" = 1e-3 ]')
+    assert failing.returncode == 1  # one recipe's failure is the command's
     bad = _stage("recipes", {**env, "RECIPES": "fast:lr=0.001"}, "true")
     assert bad.returncode == 2 and "expected NAME:SETTING=VALUE" in bad.stderr, bad.stderr
 

@@ -89,7 +89,7 @@ size_set() {  # a preset's own pretraining settings: minilm starts from the Mini
 # share of a GPU, the cells spread over the machine's GPUS (Ray puts a fractional share on a
 # GPU with that much left: ceil(cells / GPUS) shares fit on each); on CPUs each gets half a
 # core (Ray's logical CPUs).
-# SHARE_CELLS: the cells sharing the machine (default this study's; scripts/gpu/study sets it
+# SHARE_CELLS: the cells sharing the machine (default this study's; experiments/regime/recipes.sh sets it
 # when several recipes' studies run at once).
 GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)}
 share() { awk -v n="${SHARE_CELLS:-$(ncells)}" -v g="$GPUS" 'BEGIN { g = g < 1 ? 1 : g; printf "%.3f", 0.999 / int((n + g - 1) / g) }'; }

@@ -26,6 +26,7 @@ STEPS=${STEPS:-5000}                  # pretraining steps, the same for every ce
 BATCH=${BATCH:-512}                   # contexts per step
 LR=${LR:-1e-3}                        # Adam: linear warmup, then linear decay (the paper's shape)
 WARMUP=${WARMUP:-0.05}                # the warmup's share of the steps (train.warmup_fraction)
+# (several recipes at once, each a study of its own: RECIPES="NAME:LR=...,WARMUP=... ..." experiments/regime/recipes.sh)
 QA_STEPS=${QA_STEPS:-2000}; QA_BATCH=${QA_BATCH:-128}; QA_LR=${QA_LR:-1e-3}
 PROBES=${PROBES:-1000}                # synthetic probes kept per relation (eae eval lama)
 TOPK=${TOPK-"1,10,100,all"}           # EaE: the memory's K at inference for eae eval topk (empty: skip)

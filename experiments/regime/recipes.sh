@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 [ $# -gt 0 ] && [ -n "${RECIPES:-}" ] || { echo "usage: RECIPES=\"NAME:SETTING=VALUE,... ...\" $0 COMMAND..." >&2; exit 2; }
-STUDY=$(realpath -m "${STUDY:-runs/regime}")
+. experiments/regime/settings.sh  # STUDY, ncells
 read -ra recipes <<< "$RECIPES"
 for r in "${recipes[@]}"; do
   [[ $r =~ ^[A-Za-z0-9._-]+:([A-Z_]+=[^,]*)(,[A-Z_]+=[^,]*)*$ ]] ||
@@ -31,7 +31,7 @@ with_recipe() (  # RECIPE COMMAND...: COMMAND in RECIPE's study, its settings ex
 
 SHARE_CELLS=0  # every recipe's cells, for settings.sh's share of a GPU
 for r in "${recipes[@]}"; do
-  n=$(with_recipe "$r" bash -c '. experiments/regime/settings.sh && ncells') || exit 2
+  n=$(with_recipe "$r" ncells) || exit 2
   SHARE_CELLS=$(( SHARE_CELLS + n ))
 done
 export SHARE_CELLS

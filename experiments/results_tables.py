@@ -630,7 +630,10 @@ def print_best_recipes(ranked: dict[tuple, list]) -> None:
         if (w, z, "no_eae") not in ranked:
             continue
         by_all = {v: max(ranked[(w, z, v)], key=lambda row: row[3]) for v in ("eae", "no_eae")}
-        picks = [("common seeds", ranked[(w, z, "eae")][0], ranked[(w, z, "no_eae")][0])]
+        first = (ranked[(w, z, "eae")][0], ranked[(w, z, "no_eae")][0])
+        # best_recipes falls back to all of a recipe's seeds where its recipes share fewer than 3
+        rule = "common seeds" if all(row[2] is not None for row in first) else "all its seeds (fewer than 3 in common)"
+        picks = [(rule, *first)]
         if (by_all["eae"][0], by_all["no_eae"][0]) != (picks[0][1][0], picks[0][2][0]):
             picks.append(("all its seeds", by_all["eae"], by_all["no_eae"]))
         for rule, (re_, eae, *_), (rn, no, *_) in picks:

@@ -160,7 +160,8 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     its seeds EaE's 3e-4 has dev 26.25 (seed 4: 60) and is picked: gaps 5, 5, 5. A third store
     repeats the 3e-4 cells with rows shuffled (train.shuffle_rows), every EM 0: a recipe of its
     own, never picked (merged into the file-order 3e-4, its later cells would win and change
-    both picks)."""
+    both picks). A 20k world trains each recipe on seeds of its own: its picks are made on all
+    their seeds, and the gap's row says so (round 10's 20k world)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -169,12 +170,18 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
                                    **{("no_eae", s): (0.10, 0.10 + 0.01 * s) for s in range(4)}},
                ("0.0003", "6000"): {**{("eae", s): (0.15, 0.25) for s in range(3)}, ("eae", 4): (0.60, 0.25),
                                     **{("no_eae", s): (0.30, 0.20) for s in range(3)}}}
+    # the 20k world: each recipe on seeds of its own (no seed in common), so the pick is on all
+    # its seeds: EaE and No-EaE both pick 3e-4 (dev 10 > 5); gaps 2, 3, 4: mean 3, sd 1,
+    # half-width 4.303 / sqrt 3 = 2.5
+    recipes[("0.001", "2000")].update({(v, s, "w20000r4"): (0.05, 0.05) for v in ("eae", "no_eae") for s in range(3)})
+    recipes[("0.0003", "6000")].update({**{("eae", s, "w20000r4"): (0.10, 0.04 + 0.01 * s) for s in range(10, 13)},
+                                        **{("no_eae", s, "w20000r4"): (0.10, 0.12) for s in range(10, 13)}})
     recipes[("0.0003", "6000", "shuffled")] = {cell: (0.0, 0.0) for cell in recipes[("0.0003", "6000")]}
     stores = []
     for (lr, steps, *shuffled), cells in recipes.items():
         store = tmp_path / f"lr{lr}{'-'.join(['', *shuffled])}" / "mlruns"
-        for (variant, seed), (dev, test) in cells.items():
-            cell = f"w5000r4-medium-{variant}-s{seed}"
+        for (variant, seed, *world), (dev, test) in cells.items():
+            cell = f"{world[0] if world else 'w5000r4'}-medium-{variant}-s{seed}"
             client = MlflowClient(f"file://{store / cell}")
             experiment = client.create_experiment("regime")
             runs = {cell: {"train.lr": lr, "train.max_steps": steps, "train.warmup_fraction": "0.05",
@@ -192,13 +199,16 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe", *stores],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
-    picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r]
+    picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r and r.startswith("| 5,000")]
     assert [(r[2], r[3].split(" (")[0]) for r in picked] == [("eae", "lr 1e-3 x 2,000"), ("no_eae", "lr 3e-4 x 6,000")], picked
-    assert "file order" in picked[1][3] and tables.stdout.count("rows shuffled); QA") == 2, tables.stdout  # its EaE and No-EaE rows
+    assert "file order" in picked[1][3] and sum("rows shuffled); QA" in r for r in tables.stdout.splitlines() if r.startswith("| 5,000")) == 2, tables.stdout  # its EaE and No-EaE rows
     gaps = tables.stdout.split("### EaE − No-EaE, each at its best recipe")[1]
     rows = {r.strip(" |").split(" | ")[2]: r.strip(" |").split(" | ") for r in gaps.splitlines() if r.startswith("| 5,000")}
     assert rows["common seeds"][5] == "+2.0 [-3.0, +7.0] ~ (seeds=3)", rows
     assert rows["all its seeds"][3].startswith("lr 3e-4 x 6,000") and rows["all its seeds"][5] == "+5.0 [+5.0, +5.0] ✓ (seeds=3)", rows
+    big = [r.strip(" |").split(" | ") for r in gaps.splitlines() if r.startswith("| 20,000")]
+    assert [(r[2], r[3].split(" (")[0], r[4].split(" (")[0], r[5]) for r in big] == [
+        ("all its seeds (fewer than 3 in common)", "lr 3e-4 x 6,000", "lr 3e-4 x 6,000", "+3.0 [+0.5, +5.5] ✓ (seeds=3)")], big
     (tmp_path / "empty").mkdir()  # stores without a QA run: a clear error, exit 2
     empty = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe",
                             str(tmp_path / "empty")], cwd=REPO, capture_output=True, text=True, timeout=300)

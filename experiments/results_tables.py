@@ -634,7 +634,7 @@ def print_best_recipes(ranked: dict[tuple, list]) -> None:
         # best_recipes falls back to all of a recipe's seeds where its recipes share fewer than 3
         rule = "common seeds" if all(row[2] is not None for row in first) else "all its seeds (fewer than 3 in common)"
         picks = [(rule, *first)]
-        if (by_all["eae"][0], by_all["no_eae"][0]) != (picks[0][1][0], picks[0][2][0]):
+        if (by_all["eae"][0], by_all["no_eae"][0]) != (first[0][0], first[1][0]):
             picks.append(("all its seeds", by_all["eae"], by_all["no_eae"]))
         for rule, (re_, eae, *_), (rn, no, *_) in picks:
             rows.append([world_label(w), z, rule, recipe_label(re_), recipe_label(rn)]

@@ -229,9 +229,8 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
     # when it starts (else it would fail: a CI run of the restart test) and when it ends (else a
     # trial ending in a restart longer than the default 10 s leaves its metrics in its unsent
     # journal, not in its run: another CI run of that test, under load)
-    trial = bool(config.parent_run_id)
-    tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags,
-                      open_wait_s=60.0 if trial else 0.0, close_wait_s=60.0 if trial else 10.0)
+    waits = {"open_wait_s": 60.0, "close_wait_s": 60.0} if config.parent_run_id else {}  # else Tracker's defaults
+    tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags, **waits)
     with tracker:  # an exception ends the MLflow run FAILED, an interrupt (Ctrl-C, a cancelled task) KILLED
         return _train(config, report, device, model, task, vocab_dir, tracker)
 

@@ -2,11 +2,12 @@
 docs/results.md comes from the runs, none is typed by hand.
 
     # the regime study (experiments/regime/, docs/results.md, which lists the archives of its
-    # main tables in order): archives of its cells' stores, a later archive's cell winning
+    # main tables in order): archives of its cells' stores, a later archive's cell winning (a
+    # rerun, or a retraining: said so); stores that leave one model at two recipes are refused
     .venv/bin/python experiments/results_tables.py ARCHIVE.mlruns.tar.xz... [--figure docs/results/regime.svg]
     # the same cells trained at several recipes (one archive per recipe): each model's recipe
-    # picked on QA dev EM, then EaE − No-EaE at the picks on test
-    .venv/bin/python experiments/results_tables.py --best-recipe ARCHIVE.mlruns.tar.xz...
+    # picked on QA dev EM, then EaE − No-EaE at the picks on test (--figure: those gaps)
+    .venv/bin/python experiments/results_tables.py --best-recipe ARCHIVE.mlruns.tar.xz... [--figure F]
     # the small CPU reproduction (experiments/reproduce.sh, docs/results/cpu-reproduction.md)
     .venv/bin/python experiments/results_tables.py runs/reproduce/mlflow.db [runs/reproduce-wiki/mlflow.db]
 
@@ -544,29 +545,70 @@ def print_versus(groups: dict, other: dict, label: str) -> None:
         print("\n✓: these stores' runs better, the interval excludes 0; ✗: the others better.\n")
 
 
-def recipe_of(runs: dict, cell: str) -> tuple | None:
-    """A cell's training recipe: (lr, steps, warmup share, batch, rows shuffled) of its
-    pretraining and (lr, steps) of its QA fine-tuning, from the runs' params; None without both
-    runs."""
-    pre, qa = runs.get(cell), runs.get("qa-" + cell)
-    if pre is None or qa is None:
+def pretrain_recipe(runs: dict, cell: str) -> tuple | None:
+    """A cell's pretraining recipe, (lr, steps, warmup share, batch, rows shuffled), from its
+    pretraining run's params; None without that run or those params."""
+    pre = runs.get(cell)
+    if pre is None:
         return None
-    t, f = pre["params"], qa["params"]
+    t = pre["params"]
     try:
         return (float(t["train.lr"]), int(t["train.max_steps"]), float(t["train.warmup_fraction"]),
                 int(t["train.batch_size"]),
                 # runs from before train.shuffle_rows read their rows in file order
-                t.get("train.shuffle_rows", "false").lower() == "true",
-                float(f["finetune.lr"]), int(f["finetune.max_steps"]))
+                t.get("train.shuffle_rows", "false").lower() == "true")
+    except KeyError:  # a run that did not log its config
+        return None
+
+
+def recipe_of(runs: dict, cell: str) -> tuple | None:
+    """A cell's training recipe: its pretraining recipe (pretrain_recipe) and (lr, steps) of its
+    QA fine-tuning, from the runs' params; None without both runs."""
+    pre, qa = pretrain_recipe(runs, cell), runs.get("qa-" + cell)
+    if pre is None or qa is None:
+        return None
+    f = qa["params"]
+    try:
+        return (*pre, float(f["finetune.lr"]), int(f["finetune.max_steps"]))
     except KeyError:  # a run that did not log its config (read_recipes counts these)
         return None
 
 
+def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
+    """The stores' cells merged, a later store's cell winning (a rerun, or the same cell at
+    another recipe on purpose, as round 7's MM with a longer warmup: printed, never silent), and
+    the (world, transformer, model) groups whose merged cells hold more than one pretraining
+    recipe: one table would mix them, so main() refuses them (compare recipes with --versus or
+    --best-recipe)."""
+    cells: dict[str, tuple[str, dict]] = {}
+    replaced: Counter = Counter()
+    for path in paths:
+        for cell, runs in read_cells(path).items():
+            if cell in cells:
+                before, after = pretrain_recipe(cells[cell][1], cell), pretrain_recipe(runs, cell)
+                if before != after and None not in (before, after):
+                    replaced[(cells[cell][0], recipe_label(before), str(path), recipe_label(after))] += 1
+            cells[cell] = (str(path), runs)
+    for (old, before, new, after), n in sorted(replaced.items()):
+        print(f"({n} cell(s) of {old}, pretrained at {before}, replaced by {new}'s at {after}: a later store's cell wins)\n")
+    groups = defaultdict(lambda: defaultdict(set))
+    for cell, (path, runs) in cells.items():
+        m, r = CELL.match(cell), pretrain_recipe(runs, cell)
+        if m and r is not None:
+            groups[f"w{m['world']}{'r' + m['renderings'] if m['renderings'] else ''}-{m['size']}-{m['variant']}"][r].add(path)
+    order = [str(p) for p in paths]  # each group's recipes in the order of their stores on the command line
+    mixed = [f"{g}: " + "; ".join(f"{recipe_label(r)} ({', '.join(sorted(stores, key=order.index))})"
+                                  for r, stores in sorted(recipes.items(), key=lambda rs: min(map(order.index, rs[1]))))
+             for g, recipes in sorted(groups.items()) if len(recipes) > 1]
+    return {cell: runs for cell, (_, runs) in cells.items()}, mixed
+
+
 def recipe_label(r: tuple) -> str:
-    lr, steps, warmup, batch, shuffled, qa_lr, qa_steps = r
+    """recipe_of's tuple, or pretrain_recipe's (no QA part)."""
+    lr, steps, warmup, batch, shuffled, *qa = r
     e = lambda x: f"{x:.0e}".replace("e-0", "e-")  # noqa: E731  (3e-4, not 0.0003)
     order = "rows shuffled" if shuffled else "file order"
-    return f"lr {e(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}, {order}); QA {qa_steps} at {e(qa_lr)}"
+    return f"lr {e(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}, {order})" + (f"; QA {qa[1]} at {e(qa[0])}" if qa else "")
 
 
 def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
@@ -589,14 +631,18 @@ def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
     return by_recipe
 
 
-def best_recipes(by_recipe: dict[tuple, dict]) -> dict[tuple, list]:
+def best_recipes(by_recipe: dict[tuple, dict]) -> tuple[dict[tuple, list], dict]:
     """{(world, size, variant): [(recipe, group, dev EM on the seeds every recipe of that model
     holds, dev EM on all the recipe's seeds), ...]}, best first by the first dev figure (by the
     second when fewer than 3 seeds are common): the dev questions pick the recipe, the test
-    questions then compare the picks."""
+    questions then compare the picks. And summarize's setting per (world, size) (facts and
+    transformer parameters: the same at every recipe)."""
     candidates: dict[tuple, list] = defaultdict(list)
+    setting: dict[tuple, dict] = {}
     for r, cells in by_recipe.items():
-        for key, g in summarize(cells)[0].items():
+        groups, recipe_setting = summarize(cells)
+        setting.update(recipe_setting)
+        for key, g in groups.items():
             if any(x is not None for x in g["qa_dev_em"]):
                 candidates[key].append((r, g))
     ranked = {}
@@ -609,13 +655,14 @@ def best_recipes(by_recipe: dict[tuple, dict]) -> dict[tuple, list]:
             rows.append((r, g, statistics.fmean(on_common) if len(common) >= 3 and on_common else None,
                          statistics.fmean(dev.values())))
         ranked[key] = sorted(rows, key=lambda row: -(row[2] if row[2] is not None else row[3]))
-    return ranked
+    return ranked, setting
 
 
-def print_best_recipes(ranked: dict[tuple, list]) -> None:
+def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> dict:
     """Each model at its best recipe on dev QA EM, then EaE − No-EaE at those recipes on test,
     paired by seed: a fair test of EaE's QA edge needs each model's own best recipe. Where the
-    pick on all of each recipe's seeds differs from the pick on the common ones, both pairs."""
+    pick on all of each recipe's seeds differs from the pick on the common ones, both pairs.
+    Returns the first pair's gaps, {(world, size, metric): gap}, for draw() (--figure)."""
     print("### Each model's recipes: QA dev EM picks one, test EM reported (mean over seeds [95% t-interval])\n")
     rows = []
     for (w, z, v), options in sorted(ranked.items()):
@@ -625,7 +672,8 @@ def print_best_recipes(ranked: dict[tuple, list]) -> None:
     print(table(["world", "transformer", "model", "recipe", "seeds", "QA dev EM, seeds all its recipes hold",
                  "QA dev EM, all its seeds", "QA test EM"], rows))
     print("\nThe pick: the best dev EM on the seeds every recipe of the model holds (on all its seeds when fewer than 3 are).\n")
-    rows = []
+    keys = ("qa_em", "qa_em_stated", "qa_em_unstated", "recall_stated", "masked_entity")
+    rows, gaps = [], {}
     for (w, z) in sorted({(w, z) for (w, z, v) in ranked if v == "eae"}):
         if (w, z, "no_eae") not in ranked:
             continue
@@ -636,14 +684,19 @@ def print_best_recipes(ranked: dict[tuple, list]) -> None:
         picks = [(rule, *first)]
         if (by_all["eae"][0], by_all["no_eae"][0]) != (first[0][0], first[1][0]):
             picks.append(("all its seeds", by_all["eae"], by_all["no_eae"]))
-        for rule, (re_, eae, *_), (rn, no, *_) in picks:
-            rows.append([world_label(w), z, rule, recipe_label(re_), recipe_label(rn)]
-                        + [gap_cell(paired_gap(eae, k, no, k)) for k in ("qa_em", "qa_em_stated", "qa_em_unstated")])
+        ratio = f"{setting[(w, z)]['facts'] / setting[(w, z)]['transformer']:.3f}" if (w, z) in setting else "–"
+        for i, (rule, (re_, eae, *_), (rn, no, *_)) in enumerate(picks):
+            pair = {k: paired_gap(eae, k, no, k) for k in keys}
+            if i == 0:  # the figure: the pick on the common seeds (where they suffice)
+                gaps.update({(w, z, k): gap for k, gap in pair.items() if gap})
+            rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
+                        + [gap_cell(pair[k]) for k in keys])
     if rows:
         print("### EaE − No-EaE, each at its best recipe on dev QA, paired by seed: mean gap [95% t-interval] (points)\n")
-        print(table(["world", "transformer", "picked on dev EM over", "EaE's recipe", "No-EaE's recipe"]
-                    + [METRICS[k][2] for k in ("qa_em", "qa_em_stated", "qa_em_unstated")], rows))
+        print(table(["world", "transformer", "facts / param", "picked on dev EM over", "EaE's recipe", "No-EaE's recipe"]
+                    + [METRICS[k][2] for k in keys], rows))
         print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better; ~: the interval holds 0.\n")
+    return gaps
 
 
 def draw(setting: dict, gaps: dict, path: Path) -> None:
@@ -655,12 +708,14 @@ def draw(setting: dict, gaps: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     renderings = sorted({w[1] for (w, _, _) in gaps})
+    drawn = 0
     for k, marker in (("recall_stated", "o"), ("masked_entity", "s"), ("qa_em", "^")):
         for r in renderings:  # one line per metric and number of times a fact is stated
             points = sorted((setting[(w, z)]["facts"] / setting[(w, z)]["transformer"], *gaps[(w, z, kk)], z)
-                            for (w, z, kk) in gaps if kk == k and w[1] == r)
+                            for (w, z, kk) in gaps if kk == k and w[1] == r and (w, z) in setting)
             if not points:
                 continue
+            drawn += len(points)
             xs = [p[0] for p in points]
             label = METRICS[k][2] + (f" (facts stated {r}x)" if len(renderings) > 1 else "")
             ax.errorbar(xs, [p[1] for p in points], yerr=[0 if math.isnan(p[2]) else p[2] for p in points],
@@ -677,14 +732,14 @@ def draw(setting: dict, gaps: dict, path: Path) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    print(f"figure: {path}")
+    print(f"figure: {path} ({drawn} points)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="docs/results.md's tables from MLflow stores")
     parser.add_argument("stores", nargs="+", type=Path, help="regime: collect.sh archives (.tar.xz) or directories "
                         "of cell stores; reproduction: mlflow.db [wiki mlflow.db]")
-    parser.add_argument("--figure", type=Path, help="regime: write the gap-vs-regime figure here (.svg or .png)")
+    parser.add_argument("--figure", type=Path, help="regime: write the gap-vs-regime figure here (.svg or .png); with --best-recipe, of the gaps at the picks")
     parser.add_argument("--answer-frequency", action="append", default=[], metavar="WORLD=DATA_DIR",
                         help="regime: QA EM by answer frequency for WORLD (e.g. 5000r4) from its `eae data build` "
                         "directory (experiments/regime/data.sh rebuilds it: the worlds are seeded), repeatable")
@@ -707,19 +762,21 @@ def main() -> None:
             synthetic(MlflowClient(f"sqlite:///{args.stores[1]}"), prefix="wiki-")
         return
     if args.best_recipe:
-        ranked = best_recipes(read_recipes(args.stores))
+        ranked, setting = best_recipes(read_recipes(args.stores))
         if not ranked:
             parser.error("--best-recipe: no cell in these stores has a QA run with a dev EM")
-        print_best_recipes(ranked)
+        gaps = print_best_recipes(ranked, setting)
+        if args.figure:
+            draw(setting, gaps, args.figure)
         return
-    cells = {}
-    for path in args.stores:
-        cells.update(read_cells(path))
+    cells, mixed = merge_one_recipe(args.stores)
+    other, mixed_other = merge_one_recipe(args.versus)
+    if mixed or mixed_other:
+        parser.error("these stores hold a model pretrained at more than one recipe, which one table would mix "
+                     "(pass one recipe's stores; compare recipes with --versus or --best-recipe):\n  "
+                     + "\n  ".join(mixed + [f"(--versus) {m}" for m in mixed_other]))
     groups = print_tables(cells, args.figure)
     if args.versus:
-        other = {}
-        for path in args.versus:
-            other.update(read_cells(path))
         print_versus(groups, summarize(other)[0], " ".join(p.name for p in args.versus))
     print_real_text(cells)
     if any("=" not in a for a in args.answer_frequency):

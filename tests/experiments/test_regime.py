@@ -161,7 +161,12 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     repeats the 3e-4 cells with rows shuffled (train.shuffle_rows), every EM 0: a recipe of its
     own, never picked (merged into the file-order 3e-4, its later cells would win and change
     both picks). A 20k world trains each recipe on seeds of its own: its picks are made on all
-    their seeds, and the gap's row says so (round 10's 20k world)."""
+    their seeds, and the gap's row says so (round 10's 20k world). --figure draws the picks' gaps
+    (QA and fact recall, for both worlds: 4 points) at the worlds' facts per transformer parameter,
+    the same ratio the one-recipe tables print. Without --best-recipe, stores that train a model
+    at two recipes are refused (one table would mix them, or drop one where a cell's name repeats);
+    a store passed twice (a rerun of one recipe) is not, nor one whose every cell a later store
+    retrains (the tables say so)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -185,8 +190,12 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
             client = MlflowClient(f"file://{store / cell}")
             experiment = client.create_experiment("regime")
             runs = {cell: {"train.lr": lr, "train.max_steps": steps, "train.warmup_fraction": "0.05",
-                           "train.batch_size": "512", **({"train.shuffle_rows": "true"} if shuffled else {})},
-                    f"qa-{cell}": {"finetune.lr": "0.0001", "finetune.max_steps": "300"}}
+                           "train.batch_size": "512", **({"train.shuffle_rows": "true"} if shuffled else {}),
+                           # the medium preset: 3,159,040 transformer parameters (round 10's Settings table)
+                           "model.num_entities": "20000" if world else "5000", "model.entity_dim": "128", "model.hidden_size": "256",
+                           "model.num_heads": "4", "model.ffn_size": "1024", "model.l0": "2", "model.l1": "2"},
+                    f"qa-{cell}": {"finetune.lr": "0.0001", "finetune.max_steps": "300"},
+                    f"lama-{cell}": {}}  # fact recall: the test EM again; the world's fact count
             for name, params in runs.items():
                 run = client.create_run(experiment, run_name=name)
                 for k, v in params.items():
@@ -194,21 +203,48 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
                 if name.startswith("qa-"):
                     client.log_metric(run.info.run_id, "dev/em", dev)
                     client.log_metric(run.info.run_id, "test/em", test)
+                if name.startswith("lama-"):
+                    client.log_metric(run.info.run_id, "lama/synth/stated/entity_accuracy", test)
+                    client.log_metric(run.info.run_id, "lama/synth/stated/available", 40000.0 if world else 10000.0)
                 client.set_terminated(run.info.run_id, "FINISHED")
         stores.append(str(store))
-    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe", *stores],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe", *stores,
+                             "--figure", str(tmp_path / "best.svg")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
+    assert f"figure: {tmp_path / 'best.svg'} (4 points)" in tables.stdout and (tmp_path / "best.svg").stat().st_size > 0
     picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r and r.startswith("| 5,000")]
     assert [(r[2], r[3].split(" (")[0]) for r in picked] == [("eae", "lr 1e-3 x 2,000"), ("no_eae", "lr 3e-4 x 6,000")], picked
     assert "file order" in picked[1][3] and sum("rows shuffled); QA" in r for r in tables.stdout.splitlines() if r.startswith("| 5,000")) == 2, tables.stdout  # its EaE and No-EaE rows
     gaps = tables.stdout.split("### EaE − No-EaE, each at its best recipe")[1]
-    rows = {r.strip(" |").split(" | ")[2]: r.strip(" |").split(" | ") for r in gaps.splitlines() if r.startswith("| 5,000")}
-    assert rows["common seeds"][5] == "+2.0 [-3.0, +7.0] ~ (seeds=3)", rows
-    assert rows["all its seeds"][3].startswith("lr 3e-4 x 6,000") and rows["all its seeds"][5] == "+5.0 [+5.0, +5.0] ✓ (seeds=3)", rows
-    big = [r.strip(" |").split(" | ") for r in gaps.splitlines() if r.startswith("| 20,000")]
-    assert [(r[2], r[3].split(" (")[0], r[4].split(" (")[0], r[5]) for r in big] == [
-        ("all its seeds (fewer than 3 in common)", "lr 3e-4 x 6,000", "lr 3e-4 x 6,000", "+3.0 [+0.5, +5.5] ✓ (seeds=3)")], big
+    head = next(r for r in gaps.splitlines() if r.startswith("| world |")).strip(" |").split(" | ")
+    rows = {r.strip(" |").split(" | ")[3]: dict(zip(head, r.strip(" |").split(" | "))) for r in gaps.splitlines() if r.startswith("| 5,000")}
+    assert rows["common seeds"]["QA test EM"] == "+2.0 [-3.0, +7.0] ~ (seeds=3)", rows
+    assert rows["common seeds"]["fact recall, facts pretraining read"] == "+2.0 [-3.0, +7.0] ~ (seeds=3)", rows
+    assert rows["all its seeds"]["EaE's recipe"].startswith("lr 3e-4 x 6,000") and rows["all its seeds"]["QA test EM"] == "+5.0 [+5.0, +5.0] ✓ (seeds=3)", rows
+    big = [dict(zip(head, r.strip(" |").split(" | "))) for r in gaps.splitlines() if r.startswith("| 20,000")]
+    assert [(r["picked on dev EM over"], r["EaE's recipe"].split(" (")[0], r["No-EaE's recipe"].split(" (")[0], r["QA test EM"])
+            for r in big] == [("all its seeds (fewer than 3 in common)", "lr 3e-4 x 6,000", "lr 3e-4 x 6,000", "+3.0 [+0.5, +5.5] ✓ (seeds=3)")], big
+    # the ratio the one-recipe tables print for the same world (their Settings table)
+    one = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), stores[0], stores[0]],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    settings = one.stdout.split("### Settings")[1].split("###")[0]
+    settings = {r.strip(" |").split(" | ")[0]: r.strip(" |").split(" | ")[4] for r in settings.splitlines() if r.startswith("| ") and "," in r}
+    # 10,000 and 40,000 facts over 3,159,040 parameters
+    assert (rows["common seeds"]["facts / param"], big[0]["facts / param"]) == ("0.003", "0.013") == (
+        settings["5,000, facts stated 4x"], settings["20,000, facts stated 4x"]), (rows, settings)
+    mixed = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), stores[0], stores[1]],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert mixed.returncode == 2 and "more than one recipe" in mixed.stderr, mixed.stderr
+    assert f"w5000r4-medium-eae: lr 1e-3 x 2,000 (5% warmup, batch 512, file order) ({stores[0]})" in mixed.stderr, mixed.stderr
+    assert f"; lr 3e-4 x 6,000 (5% warmup, batch 512, file order) ({stores[1]})" in mixed.stderr, mixed.stderr
+    # every cell of one recipe retrained at another (round 7's MM at a longer warmup): the later
+    # store wins, one recipe per model, and the tables say what was replaced
+    replaced = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), stores[1], stores[2]],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert replaced.returncode == 0, replaced.stderr
+    assert (f"(13 cell(s) of {stores[1]}, pretrained at lr 3e-4 x 6,000 (5% warmup, batch 512, file order), replaced by "
+            f"{stores[2]}'s at lr 3e-4 x 6,000 (5% warmup, batch 512, rows shuffled)") in replaced.stdout, replaced.stdout
     (tmp_path / "empty").mkdir()  # stores without a QA run: a clear error, exit 2
     empty = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe",
                             str(tmp_path / "empty")], cwd=REPO, capture_output=True, text=True, timeout=300)

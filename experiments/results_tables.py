@@ -593,9 +593,9 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
         print(f"({n} cell(s) of {old}, pretrained at {before}, replaced by {new}'s at {after}: a later store's cell wins)\n")
     groups = defaultdict(lambda: defaultdict(set))
     for cell, (path, runs) in cells.items():
-        m, r = CELL.match(cell), pretrain_recipe(runs, cell)
-        if m and r is not None:
-            groups[f"w{m['world']}{'r' + m['renderings'] if m['renderings'] else ''}-{m['size']}-{m['variant']}"][r].add(path)
+        r = pretrain_recipe(runs, cell)
+        if CELL.match(cell) and r is not None:
+            groups[cell.rsplit("-s", 1)[0]][r].add(path)  # the cell's name less its seed: w5000r4-medium-eae
     order = [str(p) for p in paths]  # each group's recipes in the order of their stores on the command line
     mixed = [f"{g}: " + "; ".join(f"{recipe_label(r)} ({', '.join(sorted(stores, key=order.index))})"
                                   for r, stores in sorted(recipes.items(), key=lambda rs: min(map(order.index, rs[1]))))

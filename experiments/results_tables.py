@@ -314,7 +314,8 @@ def summarize(cells: dict) -> tuple[dict, dict]:
         facts = value(runs, cell, "lama-", "lama/synth/stated/available")
         params = pre["params"]
         if facts is not None and m["variant"] == "eae":
-            setting[key[:2]] = {"facts": facts, "transformer": transformer_params(params),
+            transformer = transformer_params(params)
+            setting[key[:2]] = {"facts": facts, "transformer": transformer, "ratio": facts / transformer,  # the regime's axis
                                 "table": int(params["model.num_entities"]) * int(params["model.entity_dim"]),
                                 "steps": int(params["train.max_steps"]), "batch": int(params["train.batch_size"])}
     return groups, setting
@@ -415,7 +416,7 @@ def print_tables(cells: dict, figure: Path | None) -> dict:
     print("### Settings\n")
     rows = []
     for (w, z), s in sorted(setting.items()):
-        rows.append([world_label(w), z, f"{s['facts']:,.0f}", f"{s['transformer']:,}", f"{s['facts'] / s['transformer']:.3f}",
+        rows.append([world_label(w), z, f"{s['facts']:,.0f}", f"{s['transformer']:,}", f"{s['ratio']:.3f}",
                      f"{s['table']:,}", f"{s['steps']:,} x {s['batch']}"])
     print(table(["world (entities)", "transformer", "facts stated in pretraining text", "transformer params",
                  "facts per transformer param", "entity table params (EaE)", "steps x batch"], rows) + "\n")
@@ -437,7 +438,7 @@ def print_tables(cells: dict, figure: Path | None) -> dict:
         eae, no = groups.get((w, z, "eae")), groups.get((w, z, "no_eae"))
         if not eae or not no:
             continue
-        row = [world_label(w), z, f"{s['facts'] / s['transformer']:.3f}"]
+        row = [world_label(w), z, f"{s['ratio']:.3f}"]
         for k in PAIRED:
             gap = paired_gap(eae, k, no, k)
             if gap:
@@ -580,25 +581,24 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
     the (world, transformer, model) groups whose merged cells hold more than one pretraining
     recipe: one table would mix them, so main() refuses them (compare recipes with --versus or
     --best-recipe)."""
-    cells: dict[str, tuple[str, dict]] = {}
+    cells: dict[str, tuple[int, dict]] = {}
     replaced: Counter = Counter()
-    for path in paths:
+    for i, path in enumerate(paths):  # a cell keeps its store's index: sorted, the command line's order
         for cell, runs in read_cells(path).items():
             if cell in cells:
                 before, after = pretrain_recipe(cells[cell][1], cell), pretrain_recipe(runs, cell)
                 if before != after and None not in (before, after):
-                    replaced[(cells[cell][0], recipe_label(before), str(path), recipe_label(after))] += 1
-            cells[cell] = (str(path), runs)
+                    replaced[(str(paths[cells[cell][0]]), recipe_label(before), str(path), recipe_label(after))] += 1
+            cells[cell] = (i, runs)
     for (old, before, new, after), n in sorted(replaced.items()):
         print(f"({n} cell(s) of {old}, pretrained at {before}, replaced by {new}'s at {after}: a later store's cell wins)\n")
     groups = defaultdict(lambda: defaultdict(set))
-    for cell, (path, runs) in cells.items():
+    for cell, (i, runs) in cells.items():
         r = pretrain_recipe(runs, cell)
         if CELL.match(cell) and r is not None:
-            groups[cell.rsplit("-s", 1)[0]][r].add(path)  # the cell's name less its seed: w5000r4-medium-eae
-    order = [str(p) for p in paths]  # each group's recipes in the order of their stores on the command line
-    mixed = [f"{g}: " + "; ".join(f"{recipe_label(r)} ({', '.join(sorted(stores, key=order.index))})"
-                                  for r, stores in sorted(recipes.items(), key=lambda rs: min(map(order.index, rs[1]))))
+            groups[cell.rsplit("-s", 1)[0]][r].add(i)  # the cell's name less its seed: w5000r4-medium-eae
+    mixed = [f"{g}: " + "; ".join(f"{recipe_label(r)} ({', '.join(dict.fromkeys(str(paths[i]) for i in sorted(stores)))})"
+                                  for r, stores in sorted(recipes.items(), key=lambda rs: min(rs[1])))
              for g, recipes in sorted(groups.items()) if len(recipes) > 1]
     return {cell: runs for cell, (_, runs) in cells.items()}, mixed
 
@@ -684,7 +684,7 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> dict:
         picks = [(rule, *first)]
         if (by_all["eae"][0], by_all["no_eae"][0]) != (first[0][0], first[1][0]):
             picks.append(("all its seeds", by_all["eae"], by_all["no_eae"]))
-        ratio = f"{setting[(w, z)]['facts'] / setting[(w, z)]['transformer']:.3f}" if (w, z) in setting else "–"
+        ratio = f"{setting[(w, z)]['ratio']:.3f}" if (w, z) in setting else "–"
         for i, (rule, (re_, eae, *_), (rn, no, *_)) in enumerate(picks):
             pair = {k: paired_gap(eae, k, no, k) for k in keys}
             if i == 0:  # the figure: the pick on the common seeds (where they suffice)
@@ -711,7 +711,7 @@ def draw(setting: dict, gaps: dict, path: Path) -> None:
     drawn = 0
     for k, marker in (("recall_stated", "o"), ("masked_entity", "s"), ("qa_em", "^")):
         for r in renderings:  # one line per metric and number of times a fact is stated
-            points = sorted((setting[(w, z)]["facts"] / setting[(w, z)]["transformer"], *gaps[(w, z, kk)], z)
+            points = sorted((setting[(w, z)]["ratio"], *gaps[(w, z, kk)], z)
                             for (w, z, kk) in gaps if kk == k and w[1] == r and (w, z) in setting)
             if not points:
                 continue
@@ -723,7 +723,7 @@ def draw(setting: dict, gaps: dict, path: Path) -> None:
                         fillstyle="full" if r == 1 else "none")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
-    xs = sorted({s["facts"] / s["transformer"] for s in setting.values()})
+    xs = sorted({s["ratio"] for s in setting.values()})
     ax.set_xticks(xs, [f"{x:.3g}" for x in xs])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("facts stated in pretraining text per transformer parameter")

@@ -321,10 +321,9 @@ def summarize(cells: dict) -> tuple[dict, dict]:
     return groups, setting
 
 
-def print_real_text(cells: dict) -> None:
-    """The real-text world's tables: every figure per model (mean ± sd over seeds [95%
-    t-interval], prior-only baseline, probes or questions), EaE − No-EaE paired by seed, and EaE
-    against its memory output zeroed."""
+def real_groups(cells: dict) -> dict:
+    """The real-text world's finished cells as groups of seeds: (size, variant) -> REAL's figures
+    per seed, their priors and counts, and the pretraining's steps x batch."""
     groups: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
     for cell, runs in cells.items():
         m = REAL_CELL.match(cell)
@@ -340,6 +339,15 @@ def print_real_text(cells: dict) -> None:
                 g[f"{name}_prior"].append(value(runs, cell, prefix, prior))
             if count:
                 g[f"{name}_n"].append(value(runs, cell, prefix, count))
+    return groups
+
+
+def print_real_text(cells: dict, versus: dict | None = None, label: str = "") -> None:
+    """The real-text world's tables: every figure per model (mean ± sd over seeds [95%
+    t-interval], prior-only baseline, probes or questions), EaE − No-EaE paired by seed, EaE
+    against its memory output zeroed, and with `versus` (the cells of other stores: another
+    recipe) each model against itself there, paired by seed."""
+    groups = real_groups(cells)
     if not groups:
         return
     shared = [k for k in REAL if not k.startswith("memory_")]
@@ -360,6 +368,14 @@ def print_real_text(cells: dict) -> None:
                         + [gap_cell(paired_gap(eae, k, eae, off[k])) if k in off else "–" for k in shared])
     print("### Paired by seed: mean gap [95% t-interval] (points)\n")
     print(table(["transformer", "pair"] + [REAL[k][2] for k in shared], rows) + "\n")
+    other = real_groups(versus or {})
+    rows = [[z, v, f"{g['steps']} − {other[(z, v)]['steps']}"]
+            + [gap_cell(paired_gap(g, k, other[(z, v)], k), k == "masked_ppl") for k in shared]
+            for (z, v), g in sorted(groups.items()) if (z, v) in other]
+    if rows:
+        print(f"### The same model and seed on real text, these stores − {label}: mean gap [95% t-interval] (points)\n")
+        print(table(["transformer", "model", "steps x batch"] + [REAL[k][2] for k in shared], rows))
+        print("\n✓: these stores' runs better, the interval excludes 0; ✗: the others better.\n")
 
 
 def print_answer_frequency(cells: dict, data_dirs: dict[str, Path]) -> None:
@@ -778,7 +794,7 @@ def main() -> None:
     groups = print_tables(cells, args.figure)
     if args.versus:
         print_versus(groups, summarize(other)[0], " ".join(p.name for p in args.versus))
-    print_real_text(cells)
+    print_real_text(cells, other, " ".join(p.name for p in args.versus))
     if any("=" not in a for a in args.answer_frequency):
         parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
     print_answer_frequency(cells, {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)})

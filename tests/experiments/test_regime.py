@@ -116,24 +116,29 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    em = {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15}
-    for (variant, seed), qa_em in em.items():
-        cell = f"wvital-medium-{variant}-s{seed}"
-        client = MlflowClient(f"file://{tmp_path / 'mlruns' / cell}")
-        experiment = client.create_experiment("regime")
-        runs = {cell: ({"train.max_steps": "2000", "train.batch_size": "512"}, {}),
-                f"qa-{cell}": ({}, {"test/em": qa_em, "test/prior_em": 0.04, "data/test_questions": 100, "test/oracle": 0.17}),
-                f"masked-{cell}": ({}, {"test/entity_accuracy": 0.5, "test/perplexity": 20.0 + seed}),
-                f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2})}
-        for name, (params, metrics) in runs.items():
-            run = client.create_run(experiment, run_name=name)
-            for k, v in params.items():
-                client.log_param(run.info.run_id, k, v)
-            for k, v in metrics.items():
-                client.log_metric(run.info.run_id, k, v)
-            client.set_terminated(run.info.run_id, "FINISHED")
-    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "mlruns")],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    def stores(directory, em, steps):
+        for (variant, seed), qa_em in em.items():
+            cell = f"wvital-medium-{variant}-s{seed}"
+            client = MlflowClient(f"file://{directory / cell}")
+            experiment = client.create_experiment("regime")
+            runs = {cell: ({"train.max_steps": steps, "train.batch_size": "512"}, {}),
+                    f"qa-{cell}": ({}, {"test/em": qa_em, "test/prior_em": 0.04, "data/test_questions": 100, "test/oracle": 0.17}),
+                    f"masked-{cell}": ({}, {"test/entity_accuracy": 0.5, "test/perplexity": 20.0 + seed}),
+                    f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2})}
+            for name, (params, metrics) in runs.items():
+                run = client.create_run(experiment, run_name=name)
+                for k, v in params.items():
+                    client.log_param(run.info.run_id, k, v)
+                for k, v in metrics.items():
+                    client.log_metric(run.info.run_id, k, v)
+                client.set_terminated(run.info.run_id, "FINISHED")
+
+    stores(tmp_path / "mlruns", {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15}, "2000")
+    # the same cells trained longer (another recipe), for --versus; No-EaE's seed 1 missing there
+    stores(tmp_path / "longer", {("eae", 0): 0.34, ("eae", 1): 0.22, ("no_eae", 0): 0.10}, "4000")
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "mlruns"),
+                             "--versus", str(tmp_path / "longer")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout.split("## Real text")[1]
     head = next(line for line in out.splitlines() if line.startswith("| transformer | model |")).strip(" |").split(" | ")
@@ -149,6 +154,16 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert pair["fanoutqa single-hop test EM"] == "+12.5 [-82.8, +107.8] ~ (seeds=2)", pair
     assert pair["masked PPL"].startswith("+0.0 ")
     assert "| wvital" not in tables.stdout.split("## Real text")[0]  # no synthetic table row for them
+    # --versus: each model − itself in the other stores, paired by seed (2,000 − 4,000 steps):
+    # EaE's gaps −4 and −2 points: mean −3, sd 1.414, half-width 12.706 x 1.414 / sqrt 2 = 12.7;
+    # No-EaE on its one common seed (0), a gap of 0
+    versus = out.split("### The same model and seed on real text, these stores − longer")[1]
+    columns = next(r for r in versus.splitlines() if r.startswith("| transformer | model |")).strip(" |").split(" | ")
+    rows = {r.split(" | ")[1]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| medium |")}
+    assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512"
+    assert rows["eae"]["fanoutqa single-hop test EM"] == "-3.0 [-15.7, +9.7] ~ (seeds=2)", rows["eae"]
+    assert rows["eae"]["geonames probes, entity acc"] == "-1.5 [-7.9, +4.9] ~ (seeds=2)", rows["eae"]
+    assert rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)", rows["no_eae"]
 
 
 def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test(tmp_path, monkeypatch):

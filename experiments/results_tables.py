@@ -321,6 +321,10 @@ def summarize(cells: dict) -> tuple[dict, dict]:
     return groups, setting
 
 
+# under each --versus table
+VERSUS_NOTE = "\n✓: these stores' runs better, the interval excludes 0; ✗: the others better.\n"
+
+
 def real_groups(cells: dict) -> dict:
     """The real-text world's finished cells as groups of seeds: (size, variant) -> REAL's figures
     per seed, their priors and counts, and the pretraining's steps x batch."""
@@ -375,7 +379,7 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
     if rows:
         print(f"### The same model and seed on real text, these stores − {label}: mean gap [95% t-interval] (points)\n")
         print(table(["transformer", "model", "steps x batch"] + [REAL[k][2] for k in shared], rows))
-        print("\n✓: these stores' runs better, the interval excludes 0; ✗: the others better.\n")
+        print(VERSUS_NOTE)
 
 
 def print_answer_frequency(cells: dict, data_dirs: dict[str, Path]) -> None:
@@ -559,7 +563,7 @@ def print_versus(groups: dict, other: dict, label: str) -> None:
     if rows:
         print(f"### The same model and seed, these stores − {label}: mean gap [95% t-interval] (points)\n")
         print(table(["world", "transformer", "model"] + [METRICS[k][2] for k in PAIRED], rows))
-        print("\n✓: these stores' runs better, the interval excludes 0; ✗: the others better.\n")
+        print(VERSUS_NOTE)
 
 
 def pretrain_recipe(runs: dict, cell: str) -> tuple | None:
@@ -792,9 +796,10 @@ def main() -> None:
                      "(pass one recipe's stores; compare recipes with --versus or --best-recipe):\n  "
                      + "\n  ".join(mixed + [f"(--versus) {m}" for m in mixed_other]))
     groups = print_tables(cells, args.figure)
+    versus_label = " ".join(p.name for p in args.versus)
     if args.versus:
-        print_versus(groups, summarize(other)[0], " ".join(p.name for p in args.versus))
-    print_real_text(cells, other, " ".join(p.name for p in args.versus))
+        print_versus(groups, summarize(other)[0], versus_label)
+    print_real_text(cells, other, versus_label)
     if any("=" not in a for a in args.answer_frequency):
         parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
     print_answer_frequency(cells, {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)})

@@ -327,16 +327,23 @@ VERSUS_NOTE = "\n✓: these stores' runs better, the interval excludes 0; ✗: t
 
 def real_groups(cells: dict) -> dict:
     """The real-text world's finished cells as groups of seeds: (size, variant) -> REAL's figures
-    per seed, their priors and counts, and the pretraining's steps x batch."""
+    per seed, their priors and counts, the pretraining's steps x batch and the QA recipe. A cell
+    whose store holds QA runs only (experiments/regime/finetune.sh with FROM_STUDY: another QA
+    recipe for another study's models) counts, with "–" for its pretraining."""
     groups: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
+    finished = lambda run: run is not None and run["status"] == "FINISHED"  # noqa: E731
     for cell, runs in cells.items():
         m = REAL_CELL.match(cell)
-        pre = runs.get(cell)
-        if m is None or pre is None or pre["status"] != "FINISHED":
+        pre, qa = runs.get(cell), runs.get("qa-" + cell)
+        if m is None or not (finished(pre) or finished(qa) and pre is None):
             continue
         g = groups[(m["size"], m["variant"])]
         g["seeds"].append(int(m["seed"]))
-        g["steps"] = f"{int(pre['params']['train.max_steps']):,} x {pre['params']['train.batch_size']}"
+        g["steps"] = f"{int(pre['params']['train.max_steps']):,} x {pre['params']['train.batch_size']}" if pre else "–"
+        if finished(qa) and "finetune.lr" in qa["params"]:
+            f = qa["params"]
+            g["qa"] = f"{int(f['finetune.max_steps']):,} x {f['finetune.batch_size']} at {lr_label(float(f['finetune.lr']))}"
+        g["init"].append(finished(qa) and qa["params"].get("finetune.init"))  # the model the QA run tuned
         for name, (prefix, key, _, prior, count) in REAL.items():
             g[name].append(value(runs, cell, prefix, key))
             if prior:
@@ -344,6 +351,15 @@ def real_groups(cells: dict) -> dict:
             if count:
                 g[f"{name}_n"].append(value(runs, cell, prefix, count))
     return groups
+
+
+def pretraining_pair(g: dict, other: dict) -> str:
+    """The versus table's steps x batch: "3,600 x 128 − 1,200 x 128", or, for QA runs only that
+    tuned the very models the other stores' QA runs tuned (seed by seed), "the same models"."""
+    same = [s for s, i in zip(g["seeds"], g["init"]) if i and dict(zip(other["seeds"], other["init"])).get(s) == i]
+    if g["steps"] == "–" and len(same) == len(g["seeds"]):
+        return f"the same models ({other['steps']})"
+    return f"{g['steps']} − {other['steps']}"
 
 
 def print_real_text(cells: dict, versus: dict | None = None, label: str = "") -> None:
@@ -358,9 +374,9 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
     print("## Real text: the Vital Articles + the gensim sample (world `vital`)\n")
     print("### Every figure: mean ± sd over seeds [95% t-interval of the mean] (prior-only baseline; "
           "questions or probes per seed)\n")
-    rows = [[z, v, str(len(g["seeds"])), g["steps"]] + [figure_cell(g, k) for k in REAL]
+    rows = [[z, v, str(len(g["seeds"])), g["steps"], g.get("qa", "–")] + [figure_cell(g, k) for k in REAL]
             for (z, v), g in sorted(groups.items())]
-    print(table(["transformer", "model", "seeds", "steps x batch"] + [REAL[k][2] for k in REAL], rows) + "\n")
+    print(table(["transformer", "model", "seeds", "steps x batch", "QA steps x batch at lr"] + [REAL[k][2] for k in REAL], rows) + "\n")
     rows = []
     for z in sorted({z for z, _ in groups}):
         eae, no = groups.get((z, "eae")), groups.get((z, "no_eae"))
@@ -373,12 +389,12 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
     print("### Paired by seed: mean gap [95% t-interval] (points)\n")
     print(table(["transformer", "pair"] + [REAL[k][2] for k in shared], rows) + "\n")
     other = real_groups(versus or {})
-    rows = [[z, v, f"{g['steps']} − {other[(z, v)]['steps']}"]
+    rows = [[z, v, pretraining_pair(g, other[(z, v)]), f"{g.get('qa', '–')} − {other[(z, v)].get('qa', '–')}"]
             + [gap_cell(paired_gap(g, k, other[(z, v)], k), k == "masked_ppl") for k in shared]
             for (z, v), g in sorted(groups.items()) if (z, v) in other]
     if rows:
         print(f"### The same model and seed on real text, these stores − {label}: mean gap [95% t-interval] (points)\n")
-        print(table(["transformer", "model", "steps x batch"] + [REAL[k][2] for k in shared], rows))
+        print(table(["transformer", "model", "steps x batch", "QA steps x batch at lr"] + [REAL[k][2] for k in shared], rows))
         print(VERSUS_NOTE)
 
 
@@ -626,9 +642,13 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
 def recipe_label(r: tuple) -> str:
     """recipe_of's tuple, or pretrain_recipe's (no QA part)."""
     lr, steps, warmup, batch, shuffled, *qa = r
-    e = lambda x: f"{x:.0e}".replace("e-0", "e-")  # noqa: E731  (3e-4, not 0.0003)
     order = "rows shuffled" if shuffled else "file order"
-    return f"lr {e(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}, {order})" + (f"; QA {qa[1]} at {e(qa[0])}" if qa else "")
+    return f"lr {lr_label(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}, {order})" + (f"; QA {qa[1]} at {lr_label(qa[0])}" if qa else "")
+
+
+def lr_label(lr: float) -> str:
+    """3e-4, not 0.0003."""
+    return f"{lr:.0e}".replace("e-0", "e-")
 
 
 def read_recipes(paths: list[Path]) -> dict[tuple, dict]:

@@ -12,27 +12,28 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
+mkdir -p "$STUDY/logs"  # a study of FROM_STUDY's models has none yet
 pids=()
 while read -r w z v s cell; do
   (
     export MLFLOW_TRACKING_URI; MLFLOW_TRACKING_URI=$(store "$cell")
     # shellcheck disable=SC2046
     grep -q "^MLflow run:" "$STUDY/logs/lama-$cell.log" 2>/dev/null ||
-      eae eval lama --model "$STUDY/models/$cell" --data $(probe_data "$w") $(task_resources) \
+      eae eval lama --model "$MODELS/$cell" --data $(probe_data "$w") $(task_resources) \
         --set eval.max_per_relation="$PROBES" --set eval.run_name="lama-$cell" > "$STUDY/logs/lama-$cell.log" 2>&1
     # shellcheck disable=SC2046
     [ "$v" = no_eae ] || [ "$v" = mm ] || grep -q "^MLflow run:" "$STUDY/logs/lama-off-$cell.log" 2>/dev/null ||
-      eae eval lama --model "$STUDY/models/$cell" --data $(probe_data "$w") $(task_resources) \
+      eae eval lama --model "$MODELS/$cell" --data $(probe_data "$w") $(task_resources) \
         --set eval.max_per_relation="$PROBES" --set eval.memory_off=true \
         --set eval.run_name="lama-off-$cell" > "$STUDY/logs/lama-off-$cell.log" 2>&1
     # shellcheck disable=SC2046
     [ "$v" = no_eae ] || [ "$v" = mm ] || [ -z "$TOPK" ] || grep -q "^MLflow run:" "$STUDY/logs/topk-$cell.log" 2>/dev/null ||
-      eae eval topk --model "$STUDY/models/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
+      eae eval topk --model "$MODELS/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
         --set eval.ks="$TOPK" --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.run_name="topk-$cell" \
         > "$STUDY/logs/topk-$cell.log" 2>&1
     # shellcheck disable=SC2046
     grep -q "^MLflow run:" "$STUDY/logs/masked-$cell.log" 2>/dev/null ||
-      eae eval masked --model "$STUDY/models/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
+      eae eval masked --model "$MODELS/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
         --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.run_name="masked-$cell" \
         > "$STUDY/logs/masked-$cell.log" 2>&1
   ) &

@@ -7,9 +7,12 @@
 # beside the prior-only baseline (the relation's most frequent training answer); for models with
 # a memory, test EM again with the memory's output zeroed. Skips done cells.
 #   experiments/regime/finetune.sh
+#   FROM_STUDY=runs/regime STUDY=runs/regime-qa600 QA_STEPS=600 QA_LR=3e-4 experiments/regime/finetune.sh
+#     (another QA recipe for the same models, a study of its own: compare with results_tables.py --versus)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
+mkdir -p "$STUDY/logs"  # a study of FROM_STUDY's models has none yet
 pids=()
 while read -r w z v s cell; do
   grep -q "^MLflow run:" "$STUDY/logs/qa-$cell.log" 2>/dev/null && continue
@@ -19,7 +22,7 @@ while read -r w z v s cell; do
   stated=""  # a synthetic world: EM split by whether pretraining read the question's fact
   is_real "$w" || stated="--set finetune.stated_in=$(data_dir "$w")"
   # shellcheck disable=SC2046,SC2086
-  MLFLOW_TRACKING_URI=$(store "$cell") eae finetune qa --init "$STUDY/models/$cell" --data "$(qa_data "$w")" \
+  MLFLOW_TRACKING_URI=$(store "$cell") eae finetune qa --init "$MODELS/$cell" --data "$(qa_data "$w")" \
     --max-steps "$QA_STEPS" --batch-size "$QA_BATCH" --lr "$QA_LR" $(task_resources) \
     --set finetune.seed="$s" --set finetune.run_name="qa-$cell" --set finetune.experiment=regime-qa \
     --set finetune.log_every=200 $stated $off > "$STUDY/logs/qa-$cell.log" 2>&1 &

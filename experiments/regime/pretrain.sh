@@ -9,15 +9,15 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
-mkdir -p "$STUDY/logs" "$STUDY/models"
+mkdir -p "$STUDY/logs" "$MODELS"
 pids=()
 while read -r w z v s; do
   cell=$(cell_name "$w" "$z" "$v" "$s")
-  [ -f "$STUDY/models/$cell/config.json" ] && continue
+  [ -f "$MODELS/$cell/config.json" ] && continue
   n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['counts']['entities'])" "$(data_dir "$w")/manifest.json")
   # shellcheck disable=SC2046
   MLFLOW_TRACKING_URI=$(store "$cell") eae pretrain --preset "$z" --data "$(data_dir "$w")" --max-steps "$STEPS" \
-    --name "$cell" --out "$STUDY/models/$cell" --num-workers 1 \
+    --name "$cell" --out "$MODELS/$cell" --num-workers 1 \
     --set model.num_entities="$n" --set model.max_length=128 --set train.batch_size="$BATCH" --set train.lr="$LR" --set train.warmup_fraction="$WARMUP" \
     --set train.seed="$s" --set train.log_every="$LOG_EVERY" --set train.checkpoint_every=1000 --set train.eval_batches=4 \
     --set train.storage_path="$STUDY/ray" --set train.register_as=null --set train.experiment=regime-pretrain \
@@ -33,6 +33,6 @@ while read -r w z v s; do
   line=$(grep -hE "^(finished at step|paused at step|eae: error)" "$STUDY/logs/pretrain-$cell.log" 2>/dev/null | tail -1)
   last=$(grep -hoE "step [0-9]+: loss.*" "$STUDY/logs/pretrain-$cell.log" 2>/dev/null | tail -1 | cut -c1-120)
   echo "$cell: ${line:-no result (see $STUDY/logs/pretrain-$cell.log)} | $last"
-  [ -f "$STUDY/models/$cell/config.json" ] || paused=1
+  [ -f "$MODELS/$cell/config.json" ] || paused=1
 done < <(cells)
 [ "$paused" = 0 ] || exit 10

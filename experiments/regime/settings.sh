@@ -8,6 +8,11 @@
 # side and each store has one writer at a time), which collect.sh packs for
 # experiments/results_tables.py.
 STUDY=$(realpath -m "${STUDY:-runs/regime}")
+# FROM_STUDY: another study whose worlds, data and models (eae pretrain --out) this one reads, to
+# fine-tune and evaluate its models again at another QA recipe, with MLflow stores and logs of
+# its own (pretrain.sh skips a cell whose model exists)
+FROM_STUDY=$(realpath -m "${FROM_STUDY:-$STUDY}")
+MODELS=$FROM_STUDY/models
 # entities per synthetic world (world seed 0); "20000r4": 20,000 entities whose articles state
 # their facts 4 times (`eae data synth --renderings 4`), built with a context per paragraph
 # (`eae data build --paragraph-contexts`) so that no context holds a fact twice
@@ -52,15 +57,15 @@ ncells() { cells | wc -l; }
 pretrained_cells() {  # the cells with a model, one line each: WORLD SIZE VARIANT SEED CELL
   cells | while read -r w z v s; do
     cell=$(cell_name "$w" "$z" "$v" "$s")
-    if [ -f "$STUDY/models/$cell/config.json" ]; then echo "$w $z $v $s $cell"; else say "$cell: not pretrained yet" >&2; fi
+    if [ -f "$MODELS/$cell/config.json" ]; then echo "$w $z $v $s $cell"; else say "$cell: not pretrained yet" >&2; fi
   done
 }
 cell_name() { echo "w$1-$2-$3-s$4"; }
 store() { echo "file://$STUDY/mlruns/$1"; }  # a cell's MLflow store
-world_dir() { echo "$STUDY/worlds/w$1"; }
+world_dir() { echo "$FROM_STUDY/worlds/w$1"; }
 world_entities() { echo "${1%%r*}"; }                      # 20000r4 -> 20000
 world_renderings() { case "$1" in *r*) echo "${1##*r}" ;; *) echo 1 ;; esac; }  # 20000r4 -> 4
-data_dir() { echo "$STUDY/data/w$1"; }
+data_dir() { echo "$FROM_STUDY/data/w$1"; }
 is_real() { [ "$1" = vital ]; }                            # real text, not a synthetic world
 qa_data() {  # the QA dataset spec of a world (eae finetune qa --data)
   if is_real "$1"; then echo fanoutqa; else echo "synth:$(world_dir "$1")"; fi

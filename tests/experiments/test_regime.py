@@ -41,6 +41,18 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
         assert (tmp_path / "study" / "models" / cell / "config.json").is_file()
     qa = _stage("finetune", env)
     assert qa.returncode == 0 and qa.stdout.count("test: EM") == 2, qa.stdout + qa.stderr
+    # another QA recipe for No-EaE's model, a study of its own reading this one's world, data and
+    # model (FROM_STUDY): its store holds the QA run only, tuned from this study's model
+    again = {**env, "STUDY": str(tmp_path / "qa3e-4"), "FROM_STUDY": str(tmp_path / "study"), "VARIANTS": "no_eae", "QA_LR": "3e-4"}
+    qa = _stage("finetune", again)
+    assert qa.returncode == 0 and qa.stdout.count("test: EM") == 1, qa.stdout + qa.stderr
+    from mlflow.tracking import MlflowClient
+
+    store = MlflowClient(f"file://{tmp_path / 'qa3e-4' / 'mlruns' / 'w300r2-small-no_eae-s0'}")
+    runs = store.search_runs([e.experiment_id for e in store.search_experiments()])
+    assert [r.info.run_name for r in runs] == ["qa-w300r2-small-no_eae-s0"], runs
+    assert runs[0].data.params["finetune.init"] == str(tmp_path / "study" / "models" / "w300r2-small-no_eae-s0")
+    assert float(runs[0].data.params["finetune.lr"]) == 3e-4 and not (tmp_path / "qa3e-4" / "models").exists()
     evaluated = _stage("eval", env)
     assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
     archive = tmp_path / "stores.tar.xz"
@@ -117,15 +129,19 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
 
-    def stores(directory, em, steps):
+    def stores(directory, em, steps, qa_lr="0.0001", qa_only=False):
         for (variant, seed), qa_em in em.items():
             cell = f"wvital-medium-{variant}-s{seed}"
             client = MlflowClient(f"file://{directory / cell}")
             experiment = client.create_experiment("regime")
+            qa = {"finetune.lr": qa_lr, "finetune.max_steps": "200", "finetune.batch_size": "32",
+                  "finetune.init": f"/study/{steps}/models/{cell}"}
             runs = {cell: ({"train.max_steps": steps, "train.batch_size": "512"}, {}),
-                    f"qa-{cell}": ({}, {"test/em": qa_em, "test/prior_em": 0.04, "data/test_questions": 100, "test/oracle": 0.17}),
+                    f"qa-{cell}": (qa, {"test/em": qa_em, "test/prior_em": 0.04, "data/test_questions": 100, "test/oracle": 0.17}),
                     f"masked-{cell}": ({}, {"test/entity_accuracy": 0.5, "test/perplexity": 20.0 + seed}),
                     f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2})}
+            if qa_only:  # finetune.sh with FROM_STUDY: another QA recipe for those models, a store of QA runs only
+                runs = {f"qa-{cell}": runs[f"qa-{cell}"]}
             for name, (params, metrics) in runs.items():
                 run = client.create_run(experiment, run_name=name)
                 for k, v in params.items():
@@ -143,7 +159,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     out = tables.stdout.split("## Real text")[1]
     head = next(line for line in out.splitlines() if line.startswith("| transformer | model |")).strip(" |").split(" | ")
     eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | eae |")).strip(" |").split(" | ")))
-    assert eae["seeds"] == "2" and eae["steps x batch"] == "2,000 x 512"
+    assert eae["seeds"] == "2" and eae["steps x batch"] == "2,000 x 512" and eae["QA steps x batch at lr"] == "200 x 32 at 1e-4"
     assert eae["fanoutqa single-hop test EM"].startswith("25.0 ± 7.1 [") and "prior 4.0; n=100" in eae["fanoutqa single-hop test EM"]
     assert eae["geonames probes, entity acc"].startswith("12.5 ") and "prior 20.0" in eae["geonames probes, entity acc"]
     gaps = out.split("### Paired by seed")[1]
@@ -164,6 +180,27 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert rows["eae"]["fanoutqa single-hop test EM"] == "-3.0 [-15.7, +9.7] ~ (seeds=2)", rows["eae"]
     assert rows["eae"]["geonames probes, entity acc"] == "-1.5 [-7.9, +4.9] ~ (seeds=2)", rows["eae"]
     assert rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)", rows["no_eae"]
+    # another QA recipe (lr 3e-4) for the 2,000-step models, in stores of QA runs only: the
+    # models' QA figures, "–" for what the stores lack, and the pairs with the 1e-4 runs
+    # (EaE: 32 − 30 and 25 − 20 points: mean 3.5, sd 2.121, half-width 12.706 x 1.5 = 19.1)
+    stores(tmp_path / "qa3e-4", {("eae", 0): 0.32, ("eae", 1): 0.25, ("no_eae", 0): 0.10}, "2000", "0.0003", qa_only=True)
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "qa3e-4"),
+                             "--versus", str(tmp_path / "mlruns")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr
+    out = tables.stdout.split("## Real text")[1]
+    eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | eae |")).strip(" |").split(" | ")))
+    assert eae["steps x batch"] == "–" and eae["QA steps x batch at lr"] == "200 x 32 at 3e-4", eae
+    assert eae["fanoutqa single-hop test EM"].startswith("28.5 ± 4.9 [") and eae["masked PPL"] == "–", eae
+    versus = out.split("### The same model and seed on real text, these stores − mlruns")[1]
+    rows = {r.split(" | ")[1]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| medium |")}
+    assert rows["eae"]["steps x batch"] == "the same models (2,000 x 512)", rows["eae"]
+    assert rows["eae"]["QA steps x batch at lr"] == "200 x 32 at 3e-4 − 200 x 32 at 1e-4"
+    assert rows["eae"]["fanoutqa single-hop test EM"] == "+3.5 [-15.6, +22.6] ~ (seeds=2)", rows["eae"]
+    assert rows["eae"]["masked PPL"] == "–" and rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)"
+    # against the 4,000-step stores (other models): both pretrainings named, "–" for these
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "qa3e-4"),
+                             "--versus", str(tmp_path / "longer")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert "| medium | eae | – − 4,000 x 512 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |" in tables.stdout, tables.stdout
 
 
 def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test(tmp_path, monkeypatch):

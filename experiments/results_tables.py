@@ -208,8 +208,13 @@ REAL = {
                              f"lama/{src}/prior_accuracy", f"lama/{src}/probes") for src in REAL_SOURCES},
     # EaE only: what its memory's output adds at inference, and its K (Table 7)
     "memory_off_qa_em": ("qa-", "test/em_memory_off", "EaE fanoutqa test EM, memory output zeroed", None, None),
+    "memory_off_masked_entity": ("masked-off-", "test/entity_accuracy", "EaE masked entity acc, memory output zeroed", None, None),
     **{f"memory_off_lama_{src}": ("lama-off-", f"lama/{src}/entity_accuracy",
                                   f"EaE {src} probes, entity acc, memory output zeroed", None, None) for src in REAL_SOURCES},
+    # the memory's top-1 read at the probe's subject (given as a mention) and at its masked answer
+    **{f"memory_{what}_{src}": ("lama-", f"lama/{src}/memory_{what}_accuracy",
+                                f"EaE memory reads the {what}, {src} probes", None, None)
+       for what in ("subject", "answer") for src in REAL_SOURCES},
     **{f"memory_k_{k}": ("topk-", f"topk/{k}/entity_accuracy", f"EaE masked entity acc, K={k}", None, None)
        for k in ("1", "10", "100", "all")},
 }
@@ -383,7 +388,8 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
         if eae and no:
             rows.append([z, "EaE − No-EaE"] + [gap_cell(paired_gap(eae, k, no, k), k == "masked_ppl") for k in shared])
         if eae:
-            off = {"qa_em": "memory_off_qa_em", **{f"lama_{src}": f"memory_off_lama_{src}" for src in REAL_SOURCES}}
+            off = {"qa_em": "memory_off_qa_em", "masked_entity": "memory_off_masked_entity",
+                   **{f"lama_{src}": f"memory_off_lama_{src}" for src in REAL_SOURCES}}
             rows.append([z, "EaE − EaE with its memory output zeroed"]
                         + [gap_cell(paired_gap(eae, k, eae, off[k])) if k in off else "–" for k in shared])
     print("### Paired by seed: mean gap [95% t-interval] (points)\n")

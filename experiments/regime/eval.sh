@@ -8,6 +8,7 @@
 #   eae eval masked  masked hyperlink prediction on the held-out test articles (Table 2),
 #                    5 maskings pooled
 #   (EaE) eae eval topk   the same with the memory reading only the top K entities ($TOPK, Table 7)
+#   (EaE, real text) eae eval masked   again with the memory's output zeroed
 # Skips what is done.   experiments/regime/eval.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -36,6 +37,13 @@ while read -r w z v s cell; do
       eae eval masked --model "$MODELS/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
         --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.run_name="masked-$cell" \
         > "$STUDY/logs/masked-$cell.log" 2>&1
+    # EaE on real text: the masked hyperlinks again with the memory's output zeroed (its probes
+    # and fanoutqa have that figure; the synthetic worlds have it for QA and fact recall)
+    # shellcheck disable=SC2046
+    ! is_real "$w" || [ "$v" = no_eae ] || [ "$v" = mm ] || grep -q "^MLflow run:" "$STUDY/logs/masked-off-$cell.log" 2>/dev/null ||
+      eae eval masked --model "$MODELS/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
+        --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.memory_off=true --set eval.run_name="masked-off-$cell" \
+        > "$STUDY/logs/masked-off-$cell.log" 2>&1
   ) &
   pids+=($!)
 done < <(pretrained_cells)

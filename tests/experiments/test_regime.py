@@ -139,7 +139,10 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
             runs = {cell: ({"train.max_steps": steps, "train.batch_size": "512"}, {}),
                     f"qa-{cell}": (qa, {"test/em": qa_em, "test/prior_em": 0.04, "data/test_questions": 100, "test/oracle": 0.17}),
                     f"masked-{cell}": ({}, {"test/entity_accuracy": 0.5, "test/perplexity": 20.0 + seed}),
-                    f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2})}
+                    f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2,
+                                           **({"lama/geonames/memory_subject_accuracy": 0.6 + seed / 10} if variant == "eae" else {})})}
+            if variant == "eae":  # its masked hyperlinks again with the memory's output zeroed
+                runs[f"masked-off-{cell}"] = ({}, {"test/entity_accuracy": 0.5 - qa_em / 10})
             if qa_only:  # finetune.sh with FROM_STUDY: another QA recipe for those models, a store of QA runs only
                 runs = {f"qa-{cell}": runs[f"qa-{cell}"]}
             for name, (params, metrics) in runs.items():
@@ -162,6 +165,10 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert eae["seeds"] == "2" and eae["steps x batch"] == "2,000 x 512" and eae["QA steps x batch at lr"] == "200 x 32 at 1e-4"
     assert eae["fanoutqa single-hop test EM"].startswith("25.0 ± 7.1 [") and "prior 4.0; n=100" in eae["fanoutqa single-hop test EM"]
     assert eae["geonames probes, entity acc"].startswith("12.5 ") and "prior 20.0" in eae["geonames probes, entity acc"]
+    # what EaE's memory read at the probes' subjects: 60% and 70% of them, "–" for No-EaE
+    assert eae["EaE memory reads the subject, geonames probes"].startswith("65.0 ± 7.1 [")
+    no_eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | no_eae |")).strip(" |").split(" | ")))
+    assert no_eae["EaE memory reads the subject, geonames probes"] == "–", no_eae
     gaps = out.split("### Paired by seed")[1]
     pair = next(r for r in gaps.splitlines() if "| EaE − No-EaE |" in r).strip(" |").split(" | ")
     columns = next(r for r in gaps.splitlines() if r.startswith("| transformer | pair |")).strip(" |").split(" | ")
@@ -169,6 +176,10 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     # gaps 20 and 5 points: mean 12.5, t-interval 12.706 x 7.5 = 95.3 wide each side
     assert pair["fanoutqa single-hop test EM"] == "+12.5 [-82.8, +107.8] ~ (seeds=2)", pair
     assert pair["masked PPL"].startswith("+0.0 ")
+    # EaE − itself with the memory output zeroed, masked entity acc: 3 and 2 points, mean 2.5,
+    # half-width 12.706 x 0.707 / sqrt 2 = 6.4
+    off = dict(zip(columns, next(r for r in gaps.splitlines() if "| EaE − EaE with its memory output zeroed |" in r).strip(" |").split(" | ")))
+    assert off["masked entity acc (test articles)"] == "+2.5 [-3.9, +8.9] ~ (seeds=2)", off
     assert "| wvital" not in tables.stdout.split("## Real text")[0]  # no synthetic table row for them
     # --versus: each model − itself in the other stores, paired by seed (2,000 − 4,000 steps):
     # EaE's gaps −4 and −2 points: mean −3, sd 1.414, half-width 12.706 x 1.414 / sqrt 2 = 12.7;

@@ -21,7 +21,7 @@ def _stage(name, env, *args):
                           capture_output=True, text=True, timeout=900)
 
 
-def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path):
+def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path, monkeypatch):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
            "WORLDS": "300r2", "SEEDS": "0", "STEPS": "20", "LOG_EVERY": "10", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli"}
@@ -48,6 +48,7 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert qa.returncode == 0 and qa.stdout.count("test: EM") == 1, qa.stdout + qa.stderr
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the study's cell stores are file stores
     store = MlflowClient(f"file://{tmp_path / 'qa3e-4' / 'mlruns' / 'w300r2-small-no_eae-s0'}")
     runs = store.search_runs([e.experiment_id for e in store.search_experiments()])
     assert [r.info.run_name for r in runs] == ["qa-w300r2-small-no_eae-s0"], runs

@@ -361,8 +361,8 @@ def real_groups(cells: dict) -> dict:
 def pretraining_pair(g: dict, other: dict) -> str:
     """The versus table's steps x batch: "3,600 x 128 − 1,200 x 128", or, for QA runs only that
     tuned the very models the other stores' QA runs tuned (seed by seed), "the same models"."""
-    same = [s for s, i in zip(g["seeds"], g["init"]) if i and dict(zip(other["seeds"], other["init"])).get(s) == i]
-    if g["steps"] == "–" and len(same) == len(g["seeds"]):
+    theirs = dict(zip(other["seeds"], other["init"]))
+    if g["steps"] == "–" and all(i and theirs.get(s) == i for s, i in zip(g["seeds"], g["init"])):
         return f"the same models ({other['steps']})"
     return f"{g['steps']} − {other['steps']}"
 
@@ -388,10 +388,9 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
         if eae and no:
             rows.append([z, "EaE − No-EaE"] + [gap_cell(paired_gap(eae, k, no, k), k == "masked_ppl") for k in shared])
         if eae:
-            off = {"qa_em": "memory_off_qa_em", "masked_entity": "memory_off_masked_entity",
-                   **{f"lama_{src}": f"memory_off_lama_{src}" for src in REAL_SOURCES}}
             rows.append([z, "EaE − EaE with its memory output zeroed"]
-                        + [gap_cell(paired_gap(eae, k, eae, off[k])) if k in off else "–" for k in shared])
+                        + [gap_cell(paired_gap(eae, k, eae, f"memory_off_{k}")) if f"memory_off_{k}" in REAL else "–"
+                           for k in shared])
     print("### Paired by seed: mean gap [95% t-interval] (points)\n")
     print(table(["transformer", "pair"] + [REAL[k][2] for k in shared], rows) + "\n")
     other = real_groups(versus or {})

@@ -53,6 +53,10 @@ class EaEConfig:
     use_entity_pred: bool = True  # EntityPred head (False: MM)
     use_mention_detection: bool = True  # BIO head on X1 (False: MM)
     memory_el_supervision: bool = True  # False: EaE-unsup
+    # X3 = LayerNorm(X2 + X1), the paper's; False: X3 = X2 + X1. From a pretrained encoder
+    # (train.init_encoder) the paper's fresh LayerNorm re-normalises X1 away from what the l1
+    # layers were trained on; without it they get exactly X1 at the start (X2 starts near 0).
+    memory_layer_norm: bool = True
 
     # Top-k retrieval in the memory. None means all entities (exactly the full softmax).
     k_train: int | None = None

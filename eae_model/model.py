@@ -93,7 +93,7 @@ class EaEModel(nn.Module):
         self.mention_head = MentionDetectionHead(c.hidden_size) if c.use_mention_detection else None
         if c.use_entity_memory:
             self.entity_memory = EntityMemory(c.hidden_size, c.entity_dim)
-            self.memory_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+            self.memory_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.memory_layer_norm else None
         else:
             self.entity_memory = self.memory_norm = None
         self.entity_pred = EntityPredHead(c.hidden_size, c.entity_dim) if c.use_entity_pred else None
@@ -212,7 +212,7 @@ class EaEModel(nn.Module):
         if self.entity_memory is not None:
             memory_targets = targets if c.memory_el_supervision else None
             memory = self.entity_memory(x1, mentions, self.entity_table, k, memory_targets)
-            x3 = self.memory_norm(memory.x2 + x1)
+            x3 = memory.x2 + x1 if self.memory_norm is None else self.memory_norm(memory.x2 + x1)
         x4 = self.transformer_l1(x3, key_mask)
 
         out = EaEOutput(x1=x1, x4=x4, mentions=mentions, bio_logits=bio_logits, memory=memory)

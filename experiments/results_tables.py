@@ -344,7 +344,8 @@ def real_groups(cells: dict) -> dict:
             continue
         g = groups[(m["size"], m["variant"])]
         g["seeds"].append(int(m["seed"]))
-        g["steps"] = f"{int(pre['params']['train.max_steps']):,} x {pre['params']['train.batch_size']}" if pre else "–"
+        g["steps"] = (f"{int(pre['params']['train.max_steps']):,} x {pre['params']['train.batch_size']}"
+                      f"{memory_label(pre['params'])}" if pre else "–")
         if finished(qa) and "finetune.lr" in qa["params"]:
             f = qa["params"]
             g["qa"] = f"{int(f['finetune.max_steps']):,} x {f['finetune.batch_size']} at {lr_label(float(f['finetune.lr']))}"
@@ -588,8 +589,9 @@ def print_versus(groups: dict, other: dict, label: str) -> None:
 
 
 def pretrain_recipe(runs: dict, cell: str) -> tuple | None:
-    """A cell's pretraining recipe, (lr, steps, warmup share, batch, rows shuffled), from its
-    pretraining run's params; None without that run or those params."""
+    """A cell's pretraining recipe, (lr, steps, warmup share, batch, rows shuffled, the memory's
+    settings as memory_label words), from its pretraining run's params; None without that run or
+    those params."""
     pre = runs.get(cell)
     if pre is None:
         return None
@@ -598,7 +600,8 @@ def pretrain_recipe(runs: dict, cell: str) -> tuple | None:
         return (float(t["train.lr"]), int(t["train.max_steps"]), float(t["train.warmup_fraction"]),
                 int(t["train.batch_size"]),
                 # runs from before train.shuffle_rows read their rows in file order
-                t.get("train.shuffle_rows", "false").lower() == "true")
+                t.get("train.shuffle_rows", "false").lower() == "true",
+                memory_label(t))
     except KeyError:  # a run that did not log its config
         return None
 
@@ -646,9 +649,19 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
 
 def recipe_label(r: tuple) -> str:
     """recipe_of's tuple, or pretrain_recipe's (no QA part)."""
-    lr, steps, warmup, batch, shuffled, *qa = r
+    lr, steps, warmup, batch, shuffled, memory, *qa = r
     order = "rows shuffled" if shuffled else "file order"
-    return f"lr {lr_label(lr)} x {steps:,} ({warmup:.0%} warmup, batch {batch}, {order})" + (f"; QA {qa[1]} at {lr_label(qa[0])}" if qa else "")
+    return (f"lr {lr_label(lr)}{memory} x {steps:,} ({warmup:.0%} warmup, batch {batch}, {order})"
+            + (f"; QA {qa[1]} at {lr_label(qa[0])}" if qa else ""))
+
+
+def memory_label(params: dict) -> str:
+    """A pretraining run's memory settings where they are not the paper's: ", memory lr x10"
+    (train.memory_lr_scale: the entity table and the memory at 10 x the lr) and ", X3 = X2 + X1"
+    (model.memory_layer_norm off); "" for the paper's (and runs from before these settings)."""
+    scale = float(params.get("train.memory_lr_scale", 1))
+    return ("" if scale == 1 else f", memory lr x{scale:g}") + (
+        ", X3 = X2 + X1" if params.get("model.memory_layer_norm", "True").lower() == "false" else "")
 
 
 def lr_label(lr: float) -> str:

@@ -28,11 +28,12 @@ def _model(preset="tiny", seed=0, **overrides):
     return EaEModel(config).double().eval()
 
 
-@pytest.mark.parametrize("k", [None, 5])
-def test_forward_follows_the_equations(k):
+@pytest.mark.parametrize("k, norm", [(None, True), (5, True), (5, False)])
+def test_forward_follows_the_equations(k, norm):
     """X0..X4 recomputed step by step from the model's own parts and the memory written out
-    by hand; the model's X4 and heads must match exactly."""
-    model = _model()
+    by hand; the model's X4 and heads must match exactly. norm=False: model.memory_layer_norm
+    off, X3 = X2 + X1 (for a model started from a pretrained encoder)."""
+    model = _model(memory_layer_norm=norm)
     ids, mask, mentions = _batch()
     out = model(ids, mask, mentions=mentions, k=k)
     key = mask.bool()
@@ -47,7 +48,11 @@ def test_forward_follows_the_equations(k):
         idx = scores.argsort(descending=True)[: (k or len(scores))]
         alpha = torch.softmax(scores[idx], 0)
         x2[b, s] = model.entity_memory.project_value.weight @ (alpha @ E[idx])
-    x3 = F.layer_norm(x2 + x1, (x1.shape[-1],), model.memory_norm.weight, model.memory_norm.bias, 1e-12)
+    if norm:
+        x3 = F.layer_norm(x2 + x1, (x1.shape[-1],), model.memory_norm.weight, model.memory_norm.bias, 1e-12)
+    else:
+        assert model.memory_norm is None
+        x3 = x2 + x1
     x4 = model.transformer_l1(x3, key)
     torch.testing.assert_close(out.x1, x1)
     torch.testing.assert_close(out.x4, x4)

@@ -173,3 +173,42 @@ def test_train_init_encoder_starts_the_model_from_the_shipped_encoder():
     assert torch.equal(model.transformer_l1.layers[3].ffn_out.weight, weights["encoder.layer.5.output.dense.weight"])
     fresh = loop.build_model(load_pretrain_config(preset="minilm", overrides=["model.num_entities=16"]))
     assert not torch.equal(fresh.token_embed.word.weight, weights["embeddings.word_embeddings.weight"])
+
+
+@pytest.mark.parametrize("preset", ["tiny", "no_eae"])
+def test_memory_lr_scale_gives_the_table_and_the_memory_their_own_lr(preset):
+    """train.memory_lr_scale=10: the entity table, W_f, W_b and the memory's LayerNorm learn at
+    10 x train.lr through the whole schedule, every other weight at train.lr; 1 (the default):
+    one group. No-EaE has no memory layer: only its table is scaled."""
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    overrides = ["model.num_entities=16", "train.lr=1e-4", "train.max_steps=10", "train.warmup_fraction=0.2"]
+    if preset == "no_eae":
+        preset, overrides = "tiny", overrides + ["model.use_entity_memory=false"]
+    config = load_pretrain_config(preset=preset, overrides=overrides + ["train.memory_lr_scale=10"])
+    model = loop.build_model(config)
+    optimizer, scheduler = loop.build_optimizer(model, config.train, torch.device("cpu"))
+    names = {p: n for n, p in model.named_parameters()}
+    rest, memory = ({names[p] for p in g["params"]} for g in optimizer.param_groups)
+    expected = {n for n in names.values() if n.startswith(("entity_table.", "entity_memory.", "memory_norm."))}
+    if config.model.use_entity_memory:
+        assert {"entity_memory.project_query.weight", "entity_memory.project_value.weight",
+                "memory_norm.weight", "memory_norm.bias"} < expected
+    assert memory == expected and "entity_table.weight" in memory
+    assert rest == set(names.values()) - expected
+    for _ in range(5):  # into the decay: the schedule scales both groups alike
+        optimizer.step()
+        scheduler.step()
+    lrs = scheduler.get_last_lr()
+    assert lrs[0] == pytest.approx(1e-4 * loop.lr_lambda(10, 0.2)(5)) and lrs[1] == pytest.approx(10 * lrs[0])
+
+    one = load_pretrain_config(preset="tiny", overrides=overrides)
+    optimizer, _ = loop.build_optimizer(loop.build_model(one), one.train, torch.device("cpu"))
+    assert len(optimizer.param_groups) == 1 and optimizer.param_groups[0]["initial_lr"] == 1e-4
+
+
+def test_memory_lr_scale_must_be_positive():
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    with pytest.raises(ValueError, match="memory_lr_scale must be positive, got 0"):
+        load_pretrain_config(preset="tiny", overrides=["train.memory_lr_scale=0"])

@@ -24,7 +24,8 @@ def _stage(name, env, *args):
 def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path, monkeypatch):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
            "WORLDS": "300r2", "SEEDS": "0", "STEPS": "20", "LOG_EVERY": "10", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
-           "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli"}
+           "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli",
+           "MEMORY_LR_SCALE": "2", "MEMORY_LAYER_NORM": "false"}
     assert _stage("data", env).returncode == 0
     # a deadline already past (STOP_AT, train.deadline): every cell pauses at its first log
     # window (step 10), and the stage exits 10; run again, each continues from there
@@ -54,6 +55,12 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert [r.info.run_name for r in runs] == ["qa-w300r2-small-no_eae-s0"], runs
     assert runs[0].data.params["finetune.init"] == str(tmp_path / "study" / "models" / "w300r2-small-no_eae-s0")
     assert float(runs[0].data.params["finetune.lr"]) == 3e-4 and not (tmp_path / "qa3e-4" / "models").exists()
+    # MEMORY_LR_SCALE and MEMORY_LAYER_NORM reach every cell's pretraining (and its model)
+    store = MlflowClient(f"file://{tmp_path / 'study' / 'mlruns' / 'w300r2-small-eae-s0'}")
+    pre = store.search_runs([e.experiment_id for e in store.search_experiments()], "attributes.run_name = 'w300r2-small-eae-s0'")
+    assert [float(r.data.params["train.memory_lr_scale"]) for r in pre] == [2.0], pre
+    model = json.loads((tmp_path / "study" / "models" / "w300r2-small-eae-s0" / "config.json").read_text())
+    assert model["memory_layer_norm"] is False, model
     evaluated = _stage("eval", env)
     assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
     archive = tmp_path / "stores.tar.xz"
@@ -130,14 +137,14 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
 
-    def stores(directory, em, steps, qa_lr="0.0001", qa_only=False):
+    def stores(directory, em, steps, qa_lr="0.0001", qa_only=False, pretrain=()):
         for (variant, seed), qa_em in em.items():
             cell = f"wvital-medium-{variant}-s{seed}"
             client = MlflowClient(f"file://{directory / cell}")
             experiment = client.create_experiment("regime")
             qa = {"finetune.lr": qa_lr, "finetune.max_steps": "200", "finetune.batch_size": "32",
                   "finetune.init": f"/study/{steps}/models/{cell}"}
-            runs = {cell: ({"train.max_steps": steps, "train.batch_size": "512"}, {}),
+            runs = {cell: ({"train.max_steps": steps, "train.batch_size": "512", **dict(pretrain)}, {}),
                     f"qa-{cell}": (qa, {"test/em": qa_em, "test/prior_em": 0.04, "data/test_questions": 100, "test/oracle": 0.17}),
                     f"masked-{cell}": ({}, {"test/entity_accuracy": 0.5, "test/perplexity": 20.0 + seed}),
                     f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2,
@@ -155,8 +162,10 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
                 client.set_terminated(run.info.run_id, "FINISHED")
 
     stores(tmp_path / "mlruns", {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15}, "2000")
-    # the same cells trained longer (another recipe), for --versus; No-EaE's seed 1 missing there
-    stores(tmp_path / "longer", {("eae", 0): 0.34, ("eae", 1): 0.22, ("no_eae", 0): 0.10}, "4000")
+    # the same cells trained longer (another recipe, the memory at 10 x the lr and without its
+    # LayerNorm, named in the steps' column), for --versus; No-EaE's seed 1 missing there
+    stores(tmp_path / "longer", {("eae", 0): 0.34, ("eae", 1): 0.22, ("no_eae", 0): 0.10}, "4000",
+           pretrain={"train.memory_lr_scale": "10.0", "model.memory_layer_norm": "false"})
     tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "mlruns"),
                              "--versus", str(tmp_path / "longer")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
@@ -188,7 +197,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     versus = out.split("### The same model and seed on real text, these stores − longer")[1]
     columns = next(r for r in versus.splitlines() if r.startswith("| transformer | model |")).strip(" |").split(" | ")
     rows = {r.split(" | ")[1]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| medium |")}
-    assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512"
+    assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512, memory lr x10, X3 = X2 + X1"
     assert rows["eae"]["fanoutqa single-hop test EM"] == "-3.0 [-15.7, +9.7] ~ (seeds=2)", rows["eae"]
     assert rows["eae"]["geonames probes, entity acc"] == "-1.5 [-7.9, +4.9] ~ (seeds=2)", rows["eae"]
     assert rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)", rows["no_eae"]
@@ -212,7 +221,8 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     # against the 4,000-step stores (other models): both pretrainings named, "–" for these
     tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "qa3e-4"),
                              "--versus", str(tmp_path / "longer")], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert "| medium | eae | – − 4,000 x 512 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |" in tables.stdout, tables.stdout
+    assert ("| medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
+            in tables.stdout), tables.stdout
 
 
 def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test(tmp_path, monkeypatch):

@@ -49,6 +49,11 @@ class TrainConfig:
     max_steps: int = 1_000_000  # paper 1M
     lr: float = 1e-4  # Adam (paper)
     warmup_fraction: float = 0.05  # linear warmup over the first 5% of steps, then linear decay
+    # Adam's lr for the entity table and the memory layer (W_f, W_b and its LayerNorm) as a
+    # multiple of lr (No-EaE: its table, which the EntityPred head reads). Adam moves a weight by
+    # at most ~lr a step, so at lr 1e-4 a memory started at N(0, 0.02) grows too slowly to matter
+    # beside layers that start pretrained (train.init_encoder); 1.0: one lr for everything.
+    memory_lr_scale: float = 1.0
     grad_clip: float = 1.0  # global gradient norm
     mask_rate: float = 0.2  # share of mentions masked, redrawn every epoch
     seed: int = 0
@@ -118,6 +123,8 @@ class TrainConfig:
         problems = []
         if self.batch_size % max(self.num_workers, 1):
             problems.append(f"batch_size {self.batch_size} is not divisible by num_workers {self.num_workers}")
+        if not self.memory_lr_scale > 0:
+            problems.append(f"memory_lr_scale must be positive, got {self.memory_lr_scale}")
         for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")

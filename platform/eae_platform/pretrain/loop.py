@@ -38,6 +38,9 @@ from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig, parse
 # still get every metric and the final status. Costs nothing while the store answers.
 MLFLOW_CLOSE_WAIT_S = 120.0
 
+# The entity table's and the memory layer's parameters, by name (train.memory_lr_scale)
+MEMORY_PREFIXES = (state.TABLE_PREFIX, "entity_memory.", "memory_norm.")
+
 
 def lr_lambda(total_steps: int, warmup_fraction: float):
     """Linear warmup over the first warmup_fraction of steps, then linear decay to 0 (paper)."""
@@ -174,6 +177,21 @@ def _sum_over_workers(values: dict[str, float]) -> dict[str, float]:
 
 def _max_over_workers(values: dict[str, float]) -> dict[str, float]:
     return _reduce_over_workers(values, dist.ReduceOp.MAX if _distributed() else None)
+
+
+def build_optimizer(model: torch.nn.Module, t, device: torch.device):
+    """Adam and its schedule (lr_lambda, for every group alike). Every trainable weight learns
+    at train.lr, except, when train.memory_lr_scale is not 1, the entity table and the memory
+    layer: a second group at lr x memory_lr_scale. The first group's lr is the one logged."""
+    rest, memory = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (memory if t.memory_lr_scale != 1 and name.startswith(MEMORY_PREFIXES) else rest).append(p)
+    groups = [{"params": ps, "lr": t.lr * scale} for ps, scale in ((rest, 1.0), (memory, t.memory_lr_scale)) if ps]
+    # One fused kernel per step on GPUs: the foreach version's passes over the 1M x 256 table
+    # took ~9 ms of a ~90 ms step (H100 profile, docs/performance.md).
+    optimizer = torch.optim.Adam(groups, lr=t.lr, fused=device.type == "cuda")
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.max_steps, t.warmup_fraction))
 
 
 def table_memory_bytes(table: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
@@ -326,11 +344,7 @@ class Trainer:
         self.replicated, self.table = list(replicated.values()), list(table.values())
         # all-reduces during each backward (train.grad_sync); self.forward is the model or its DDP
         self.forward, self.sync = averaged(self.model, replicated, table, t.grad_sync)
-        # One fused kernel per step on GPUs: the foreach version's passes over the 1M x 256 table
-        # took ~9 ms of a ~90 ms step (H100 profile, docs/performance.md).
-        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=t.lr,
-                                          fused=self.device.type == "cuda")
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t.max_steps, t.warmup_fraction))
+        self.optimizer, self.scheduler = build_optimizer(self.model, t, self.device)
 
     def _resume(self) -> dict:
         """Where the run stands (step, epoch, step_in_epoch, mlflow_run_id): from Ray Train's last

@@ -56,6 +56,7 @@ class EaEConfig:
     # X3 = LayerNorm(X2 + X1), the paper's; False: X3 = X2 + X1. From a pretrained encoder
     # (train.init_encoder) the paper's fresh LayerNorm re-normalises X1 away from what the l1
     # layers were trained on; without it they get exactly X1 at the start (X2 starts near 0).
+    # Measured on real text from MiniLM: no change (docs/results.md, round 14).
     memory_layer_norm: bool = True
 
     # Top-k retrieval in the memory. None means all entities (exactly the full softmax).

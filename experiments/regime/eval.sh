@@ -14,36 +14,31 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
 mkdir -p "$STUDY/logs"  # a study of FROM_STUDY's models has none yet
+has_memory() { [ "$1" != no_eae ] && [ "$1" != mm ]; }  # VARIANT: a model with the entity memory
+# KIND EVAL [--set ...]: `eae eval EVAL` of this cell ($w, $cell) as the run KIND-$cell, logged to
+# $STUDY/logs/KIND-$cell.log; skipped when that log records a finished run
+once() {
+  local kind=$1 what=$2 log="$STUDY/logs/$1-$cell.log"
+  shift 2
+  grep -q "^MLflow run:" "$log" 2>/dev/null && return
+  case $what in
+    lama) set -- --data $(probe_data "$w") --set eval.max_per_relation="$PROBES" "$@" ;;
+    topk|masked) set -- --data "$(data_dir "$w")" --split test --set eval.mask_draws=5 --set eval.batch_size=128 "$@" ;;
+  esac
+  # shellcheck disable=SC2046
+  eae eval "$what" --model "$MODELS/$cell" "$@" $(task_resources) --set eval.run_name="$kind-$cell" > "$log" 2>&1
+}
 pids=()
 while read -r w z v s cell; do
   (
     export MLFLOW_TRACKING_URI; MLFLOW_TRACKING_URI=$(store "$cell")
-    # shellcheck disable=SC2046
-    grep -q "^MLflow run:" "$STUDY/logs/lama-$cell.log" 2>/dev/null ||
-      eae eval lama --model "$MODELS/$cell" --data $(probe_data "$w") $(task_resources) \
-        --set eval.max_per_relation="$PROBES" --set eval.run_name="lama-$cell" > "$STUDY/logs/lama-$cell.log" 2>&1
-    # shellcheck disable=SC2046
-    [ "$v" = no_eae ] || [ "$v" = mm ] || grep -q "^MLflow run:" "$STUDY/logs/lama-off-$cell.log" 2>/dev/null ||
-      eae eval lama --model "$MODELS/$cell" --data $(probe_data "$w") $(task_resources) \
-        --set eval.max_per_relation="$PROBES" --set eval.memory_off=true \
-        --set eval.run_name="lama-off-$cell" > "$STUDY/logs/lama-off-$cell.log" 2>&1
-    # shellcheck disable=SC2046
-    [ "$v" = no_eae ] || [ "$v" = mm ] || [ -z "$TOPK" ] || grep -q "^MLflow run:" "$STUDY/logs/topk-$cell.log" 2>/dev/null ||
-      eae eval topk --model "$MODELS/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
-        --set eval.ks="$TOPK" --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.run_name="topk-$cell" \
-        > "$STUDY/logs/topk-$cell.log" 2>&1
-    # shellcheck disable=SC2046
-    grep -q "^MLflow run:" "$STUDY/logs/masked-$cell.log" 2>/dev/null ||
-      eae eval masked --model "$MODELS/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
-        --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.run_name="masked-$cell" \
-        > "$STUDY/logs/masked-$cell.log" 2>&1
+    once lama lama
+    ! has_memory "$v" || once lama-off lama --set eval.memory_off=true
+    ! has_memory "$v" || [ -z "$TOPK" ] || once topk topk --set eval.ks="$TOPK"
+    once masked masked
     # EaE on real text: the masked hyperlinks again with the memory's output zeroed (its probes
     # and fanoutqa have that figure; the synthetic worlds have it for QA and fact recall)
-    # shellcheck disable=SC2046
-    ! is_real "$w" || [ "$v" = no_eae ] || [ "$v" = mm ] || grep -q "^MLflow run:" "$STUDY/logs/masked-off-$cell.log" 2>/dev/null ||
-      eae eval masked --model "$MODELS/$cell" --data "$(data_dir "$w")" --split test $(task_resources) \
-        --set eval.mask_draws=5 --set eval.batch_size=128 --set eval.memory_off=true --set eval.run_name="masked-off-$cell" \
-        > "$STUDY/logs/masked-off-$cell.log" 2>&1
+    ! is_real "$w" || ! has_memory "$v" || once masked-off masked --set eval.memory_off=true
   ) &
   pids+=($!)
 done < <(pretrained_cells)

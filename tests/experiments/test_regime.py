@@ -16,6 +16,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _tables(*args):
+    """experiments/results_tables.py ARGS..., as a user runs it from the repository root."""
+    return subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
 def _stage(name, env, *args):
     return subprocess.run([str(REPO / "experiments" / "regime" / f"{name}.sh"), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -65,8 +71,7 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
     archive = tmp_path / "stores.tar.xz"
     assert _stage("collect", env, str(archive)).returncode == 0
-    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(archive), "--figure",
-                             str(tmp_path / "regime.svg"), "--versus", str(archive)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    tables = _tables(archive, "--figure", tmp_path / "regime.svg", "--versus", archive)
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout
     # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
@@ -94,8 +99,7 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     gap = out.split("### EaE − No-EaE")[1]
     assert "| 300, facts stated 2x | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
     assert (tmp_path / "regime.svg").stat().st_size > 1000
-    missing = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(archive), "--versus",
-                              str(tmp_path / "no.tar.xz")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    missing = _tables(archive, "--versus", tmp_path / "no.tar.xz")
     assert missing.returncode == 2 and "no such store: " in missing.stderr and "Traceback" not in missing.stderr, missing.stderr
     # --versus: each model against itself in the other stores (here the same archive: gaps of 0)
     versus = out.split("### The same model and seed, these stores − stores.tar.xz")[1].split("###")[0]
@@ -166,8 +170,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     # LayerNorm, named in the steps' column), for --versus; No-EaE's seed 1 missing there
     stores(tmp_path / "longer", {("eae", 0): 0.34, ("eae", 1): 0.22, ("no_eae", 0): 0.10}, "4000",
            pretrain={"train.memory_lr_scale": "10.0", "model.memory_layer_norm": "false"})
-    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "mlruns"),
-                             "--versus", str(tmp_path / "longer")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    tables = _tables(tmp_path / "mlruns", "--versus", tmp_path / "longer")
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout.split("## Real text")[1]
     head = next(line for line in out.splitlines() if line.startswith("| transformer | model |")).strip(" |").split(" | ")
@@ -205,8 +208,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     # models' QA figures, "–" for what the stores lack, and the pairs with the 1e-4 runs
     # (EaE: 32 − 30 and 25 − 20 points: mean 3.5, sd 2.121, half-width 12.706 x 1.5 = 19.1)
     stores(tmp_path / "qa3e-4", {("eae", 0): 0.32, ("eae", 1): 0.25, ("no_eae", 0): 0.10}, "2000", "0.0003", qa_only=True)
-    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "qa3e-4"),
-                             "--versus", str(tmp_path / "mlruns")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    tables = _tables(tmp_path / "qa3e-4", "--versus", tmp_path / "mlruns")
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout.split("## Real text")[1]
     eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | eae |")).strip(" |").split(" | ")))
@@ -219,8 +221,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert rows["eae"]["fanoutqa single-hop test EM"] == "+3.5 [-15.6, +22.6] ~ (seeds=2)", rows["eae"]
     assert rows["eae"]["masked PPL"] == "–" and rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)"
     # against the 4,000-step stores (other models): both pretrainings named, "–" for these
-    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), str(tmp_path / "qa3e-4"),
-                             "--versus", str(tmp_path / "longer")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    tables = _tables(tmp_path / "qa3e-4", "--versus", tmp_path / "longer")
     assert ("| medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
             in tables.stdout), tables.stdout
 
@@ -282,8 +283,7 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
                     client.log_metric(run.info.run_id, "lama/synth/stated/available", 40000.0 if world else 10000.0)
                 client.set_terminated(run.info.run_id, "FINISHED")
         stores.append(str(store))
-    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe", *stores,
-                             "--figure", str(tmp_path / "best.svg")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    tables = _tables("--best-recipe", *stores, "--figure", tmp_path / "best.svg")
     assert tables.returncode == 0, tables.stderr
     assert f"figure: {tmp_path / 'best.svg'} (4 points)" in tables.stdout and (tmp_path / "best.svg").stat().st_size > 0
     picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r and r.startswith("| 5,000")]
@@ -298,16 +298,14 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     big = [dict(zip(head, r.strip(" |").split(" | "))) for r in gaps.splitlines() if r.startswith("| 20,000")]
     assert [(r["picked on dev EM over"], r["EaE's recipe"].split(" (")[0], r["No-EaE's recipe"].split(" (")[0], r["QA test EM"])
             for r in big] == [("all its seeds (fewer than 3 in common)", "lr 3e-4 x 6,000", "lr 3e-4 x 6,000", "+3.0 [+0.5, +5.5] ✓ (seeds=3)")], big
-    mixed = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), stores[0], stores[1]],
-                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    mixed = _tables(stores[0], stores[1])
     assert mixed.returncode == 2 and "more than one recipe" in mixed.stderr, mixed.stderr
     assert f"w5000r4-medium-eae: lr 1e-3 x 2,000 (5% warmup, batch 512, file order) ({stores[0]})" in mixed.stderr, mixed.stderr
     assert f"; lr 3e-4 x 6,000 (5% warmup, batch 512, file order) ({stores[1]})" in mixed.stderr, mixed.stderr
     # a store passed twice (a rerun of one recipe: silently the later), then every cell of that
     # recipe retrained at another (round 7's MM at a longer warmup): the later store wins, one
     # recipe per model, and the tables say what was replaced
-    replaced = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), stores[1], stores[1], stores[2]],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    replaced = _tables(stores[1], stores[1], stores[2])
     assert replaced.returncode == 0, replaced.stderr
     notices = [line for line in replaced.stdout.splitlines() if "replaced by" in line]
     assert notices == [f"(13 cell(s) of {stores[1]}, pretrained at lr 3e-4 x 6,000 (5% warmup, batch 512, file order), replaced by "
@@ -319,8 +317,7 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     assert (rows["common seeds"]["facts / param"], big[0]["facts / param"]) == ("0.003", "0.013") == (
         settings["5,000, facts stated 4x"], settings["20,000, facts stated 4x"]), (rows, settings)
     (tmp_path / "empty").mkdir()  # stores without a QA run: a clear error, exit 2
-    empty = subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), "--best-recipe",
-                            str(tmp_path / "empty")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    empty = _tables("--best-recipe", tmp_path / "empty")
     assert empty.returncode == 2 and "no cell in these stores has a QA run" in empty.stderr, empty.stderr
 
 

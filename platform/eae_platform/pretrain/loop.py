@@ -26,6 +26,7 @@ from eae_data.constants import VOCAB_FILES
 from eae_data.shards import shard_files
 from eae_model.metrics import SUM_KEYS, add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
+from eae_model.summary import COMPONENTS
 from eae_platform.progress import attach, progress_line, say
 from eae_platform.pretrain import data, state, storage
 from eae_platform.pretrain.grad_sync import GradientSync, averaged
@@ -39,7 +40,7 @@ from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig, parse
 MLFLOW_CLOSE_WAIT_S = 120.0
 
 # The entity table's and the memory layer's parameters, by name (train.memory_lr_scale)
-MEMORY_PREFIXES = (state.TABLE_PREFIX, "entity_memory.", "memory_norm.")
+MEMORY_PREFIXES = COMPONENTS["entity_table"] + COMPONENTS["entity_memory"]
 
 
 def lr_lambda(total_steps: int, warmup_fraction: float):
@@ -183,10 +184,11 @@ def build_optimizer(model: torch.nn.Module, t, device: torch.device):
     """Adam and its schedule (lr_lambda, for every group alike). Every trainable weight learns
     at train.lr, except, when train.memory_lr_scale is not 1, the entity table and the memory
     layer: a second group at lr x memory_lr_scale. The first group's lr is the one logged."""
+    prefixes = MEMORY_PREFIXES if t.memory_lr_scale != 1 else ()
     rest, memory = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (memory if t.memory_lr_scale != 1 and name.startswith(MEMORY_PREFIXES) else rest).append(p)
+            (memory if name.startswith(prefixes) else rest).append(p)
     groups = [{"params": ps, "lr": t.lr * scale} for ps, scale in ((rest, 1.0), (memory, t.memory_lr_scale)) if ps]
     # One fused kernel per step on GPUs: the foreach version's passes over the 1M x 256 table
     # took ~9 ms of a ~90 ms step (H100 profile, docs/performance.md).

@@ -192,9 +192,10 @@ COUNTS = {"recall_stated": ("lama-", "lama/synth/stated/entity_probes"),
           "recall_unstated": ("lama-", "lama/synth/unstated/entity_probes"),
           "masked_entity": ("masked-", "test/entities"), "qa_em": ("qa-", "data/test_questions"),
           "qa_em_stated": ("qa-", "test/questions_stated"), "qa_em_unstated": ("qa-", "test/questions_unstated")}
-# The real-text world (experiments/regime/settings.sh WORLDS=vital: the Vital Articles + the gensim
-# sample): its cells, and per metric (run name prefix, MLflow key, label, prior key, count key)
-REAL_CELL = re.compile(r"^wvital-(?P<size>[a-z]+)-(?P<variant>[a-z_]+)-s(?P<seed>\d+)$")
+# The real-text worlds (experiments/regime/settings.sh WORLDS=vital: the Vital Articles + the gensim
+# sample; vital2000: the same with the 2,000 most frequent entities): their cells, and per metric
+# (run name prefix, MLflow key, label, prior key, count key)
+REAL_CELL = re.compile(r"^w(?P<world>vital\d*)-(?P<size>[a-z]+)-(?P<variant>[a-z_]+)-s(?P<seed>\d+)$")
 REAL_SOURCES = ("geonames", "countryinfo", "wordnet")
 REAL = {
     "masked_entity": ("masked-", "test/entity_accuracy", "masked entity acc (test articles)", None, "test/entities"),
@@ -331,7 +332,7 @@ VERSUS_NOTE = "\n✓: these stores' runs better, the interval excludes 0; ✗: t
 
 
 def real_groups(cells: dict) -> dict:
-    """The real-text world's finished cells as groups of seeds: (size, variant) -> REAL's figures
+    """The real-text worlds' finished cells as groups of seeds: (world, size, variant) -> REAL's figures
     per seed, their priors and counts, the pretraining's steps x batch and the QA recipe. A cell
     whose store holds QA runs only (experiments/regime/finetune.sh with FROM_STUDY: another QA
     recipe for another study's models) counts, with "–" for its pretraining."""
@@ -342,7 +343,7 @@ def real_groups(cells: dict) -> dict:
         pre, qa = runs.get(cell), runs.get("qa-" + cell)
         if m is None or not (finished(pre) or finished(qa) and pre is None):
             continue
-        g = groups[(m["size"], m["variant"])]
+        g = groups[(m["world"], m["size"], m["variant"])]
         g["seeds"].append(int(m["seed"]))
         g["steps"] = (f"{int(pre['params']['train.max_steps']):,} x {pre['params']['train.batch_size']}"
                       f"{memory_label(pre['params'])}" if pre else "–")
@@ -377,30 +378,32 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
     if not groups:
         return
     shared = [k for k in REAL if not k.startswith("memory_")]
-    print("## Real text: the Vital Articles + the gensim sample (world `vital`)\n")
+    print("## Real text: the Vital Articles + the gensim sample (world `vital`; `vital<N>`: its N most frequent entities)\n")
     print("### Every figure: mean ± sd over seeds [95% t-interval of the mean] (prior-only baseline; "
           "questions or probes per seed)\n")
-    rows = [[z, v, str(len(g["seeds"])), g["steps"], g.get("qa", "–")] + [figure_cell(g, k) for k in REAL]
-            for (z, v), g in sorted(groups.items())]
-    print(table(["transformer", "model", "seeds", "steps x batch", "QA steps x batch at lr"] + [REAL[k][2] for k in REAL], rows) + "\n")
+    rows = [[w, z, v, str(len(g["seeds"])), g["steps"], g.get("qa", "–")] + [figure_cell(g, k) for k in REAL]
+            for (w, z, v), g in sorted(groups.items())]
+    print(table(["world", "transformer", "model", "seeds", "steps x batch", "QA steps x batch at lr"] + [REAL[k][2] for k in REAL],
+                rows) + "\n")
     rows = []
-    for z in sorted({z for z, _ in groups}):
-        eae, no = groups.get((z, "eae")), groups.get((z, "no_eae"))
+    for w, z in sorted({(w, z) for w, z, _ in groups}):
+        eae, no = groups.get((w, z, "eae")), groups.get((w, z, "no_eae"))
         if eae and no:
-            rows.append([z, "EaE − No-EaE"] + [gap_cell(paired_gap(eae, k, no, k), k == "masked_ppl") for k in shared])
+            rows.append([w, z, "EaE − No-EaE"] + [gap_cell(paired_gap(eae, k, no, k), k == "masked_ppl") for k in shared])
         if eae:
-            rows.append([z, "EaE − EaE with its memory output zeroed"]
+            rows.append([w, z, "EaE − EaE with its memory output zeroed"]
                         + [gap_cell(paired_gap(eae, k, eae, f"memory_off_{k}")) if f"memory_off_{k}" in REAL else "–"
                            for k in shared])
     print("### Paired by seed: mean gap [95% t-interval] (points)\n")
-    print(table(["transformer", "pair"] + [REAL[k][2] for k in shared], rows) + "\n")
+    print(table(["world", "transformer", "pair"] + [REAL[k][2] for k in shared], rows) + "\n")
     other = real_groups(versus or {})
-    rows = [[z, v, pretraining_pair(g, other[(z, v)]), f"{g.get('qa', '–')} − {other[(z, v)].get('qa', '–')}"]
-            + [gap_cell(paired_gap(g, k, other[(z, v)], k), k == "masked_ppl") for k in shared]
-            for (z, v), g in sorted(groups.items()) if (z, v) in other]
+    rows = [[w, z, v, pretraining_pair(g, other[(w, z, v)]), f"{g.get('qa', '–')} − {other[(w, z, v)].get('qa', '–')}"]
+            + [gap_cell(paired_gap(g, k, other[(w, z, v)], k), k == "masked_ppl") for k in shared]
+            for (w, z, v), g in sorted(groups.items()) if (w, z, v) in other]
     if rows:
         print(f"### The same model and seed on real text, these stores − {label}: mean gap [95% t-interval] (points)\n")
-        print(table(["transformer", "model", "steps x batch", "QA steps x batch at lr"] + [REAL[k][2] for k in shared], rows))
+        print(table(["world", "transformer", "model", "steps x batch", "QA steps x batch at lr"] + [REAL[k][2] for k in shared],
+                    rows))
         print(VERSUS_NOTE)
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stage 1 of the regime study: each synthetic world (`eae data synth`, world seed 0, its facts
 # stated once or, for a world named like 20000r4, 4 times) and its pretraining shards (`eae data
-# build`: 5% of articles held out for dev, 5% for test), the worlds side by side; the world `vital`
-# is real text instead (settings.sh). Skips what exists.
+# build`: 5% of articles held out for dev, 5% for test), the worlds side by side; the worlds
+# `vital` and `vital<N>` are real text instead (settings.sh). Skips what exists.
 #   experiments/regime/data.sh        (settings: experiments/regime/settings.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -15,8 +15,9 @@ for w in $WORLDS; do
     (
       sample=${SAMPLE_DUMP:-$("$PYTHON" -c "from eae_data.wikidump import embedded_dump_path; print(embedded_dump_path())")} &&
       eae data vital --out "$(world_dir "$w")" --redirects "$sample" &&
+      n=$(real_entities "$w") &&
       eae data build --dump "$(world_dir "$w")/vital.xml" --dump "$sample" --out "$(data_dir "$w")" \
-        --dev-fraction 0.05 --test-fraction 0.05 --shard-rows 5000 --partition-mb 8
+        --dev-fraction 0.05 --test-fraction 0.05 --shard-rows 5000 --partition-mb 8 ${n:+--entities "$n"}
     ) > "$STUDY/logs/data-w$w.log" 2>&1 &
   else
     (

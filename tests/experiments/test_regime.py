@@ -107,6 +107,25 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert row[3] == "+0.0 (n=1)", row
 
 
+def test_a_real_text_world_named_vital_n_keeps_its_n_most_frequent_entities(ray_cluster, tmp_path):
+    """data.sh for WORLDS=vital50: the real text that ships offline, built with the 50 most
+    frequent link targets as its entity vocabulary (the count pretrain.sh reads), every other
+    link counted as out of vocabulary, not dropped silently."""
+    import pyarrow.parquet as pq
+
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
+           "WORLDS": "vital50", "EAE_CMD": f"{sys.executable} -m eae_platform.cli", "PYTHON": sys.executable}
+    built = _stage("data", env)
+    assert built.returncode == 0, built.stdout + built.stderr
+    data = tmp_path / "study" / "data" / "wvital50"
+    manifest = json.loads((data / "manifest.json").read_text())
+    counts = manifest["counts"]
+    assert manifest["settings"]["entities"] == 50 and counts["entities"] == 50, manifest
+    assert counts["link_mentions_out_of_vocab"] > counts["link_mentions_linked"] > 0, counts
+    linked = pq.read_table(data / "entities.parquet").column("count").to_pylist()
+    assert len(linked) == 50 and linked == sorted(linked, reverse=True) and min(linked) > 10, linked
+
+
 def test_versus_pairs_each_model_with_itself_at_another_recipe_by_seed(capsys):
     """print_versus on hand-set per-seed figures: No-EaE's QA EM at one recipe − the same seeds
     at another (seed 3 only in the first: left out), and no row for a model the other lacks. By
@@ -134,16 +153,17 @@ def test_versus_pairs_each_model_with_itself_at_another_recipe_by_seed(capsys):
 
 
 def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, monkeypatch):
-    """print_real_text on real MLflow stores of the real-text world's cells (`wvital-...`, as
-    the stage scripts name them), with set metrics: the means, the priors and the paired gaps
-    come from the runs, and the synthetic tables ignore these cells."""
+    """print_real_text on real MLflow stores of the real-text worlds' cells (`wvital-...`, and
+    `wvital50-...` for its 50 most frequent entities, as the stage scripts name them), with set
+    metrics: the means, the priors and the paired gaps come from the runs, each world's cells
+    apart, and the synthetic tables ignore these cells."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
 
-    def stores(directory, em, steps, qa_lr="0.0001", qa_only=False, pretrain=()):
+    def stores(directory, em, steps, qa_lr="0.0001", qa_only=False, pretrain=(), world="vital"):
         for (variant, seed), qa_em in em.items():
-            cell = f"wvital-medium-{variant}-s{seed}"
+            cell = f"w{world}-medium-{variant}-s{seed}"
             client = MlflowClient(f"file://{directory / cell}")
             experiment = client.create_experiment("regime")
             qa = {"finetune.lr": qa_lr, "finetune.max_steps": "200", "finetune.batch_size": "32",
@@ -166,6 +186,8 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
                 client.set_terminated(run.info.run_id, "FINISHED")
 
     stores(tmp_path / "mlruns", {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15}, "2000")
+    # the same text cut to its 50 most frequent entities (WORLDS=vital50), in the same directory
+    stores(tmp_path / "mlruns", {("eae", 0): 0.90, ("no_eae", 0): 0.80}, "2000", world="vital50")
     # the same cells trained longer (another recipe, the memory at 10 x the lr and without its
     # LayerNorm, named in the steps' column), for --versus; No-EaE's seed 1 missing there
     stores(tmp_path / "longer", {("eae", 0): 0.34, ("eae", 1): 0.22, ("no_eae", 0): 0.10}, "4000",
@@ -173,33 +195,38 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     tables = _tables(tmp_path / "mlruns", "--versus", tmp_path / "longer")
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout.split("## Real text")[1]
-    head = next(line for line in out.splitlines() if line.startswith("| transformer | model |")).strip(" |").split(" | ")
-    eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | eae |")).strip(" |").split(" | ")))
+    head = next(line for line in out.splitlines() if line.startswith("| world | transformer | model |")).strip(" |").split(" | ")
+    eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| vital | medium | eae |")).strip(" |").split(" | ")))
     assert eae["seeds"] == "2" and eae["steps x batch"] == "2,000 x 512" and eae["QA steps x batch at lr"] == "200 x 32 at 1e-4"
     assert eae["fanoutqa single-hop test EM"].startswith("25.0 ± 7.1 [") and "prior 4.0; n=100" in eae["fanoutqa single-hop test EM"]
     assert eae["geonames probes, entity acc"].startswith("12.5 ") and "prior 20.0" in eae["geonames probes, entity acc"]
     # what EaE's memory read at the probes' subjects: 60% and 70% of them, "–" for No-EaE
     assert eae["EaE memory reads the subject, geonames probes"].startswith("65.0 ± 7.1 [")
-    no_eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | no_eae |")).strip(" |").split(" | ")))
+    no_eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| vital | medium | no_eae |")).strip(" |").split(" | ")))
     assert no_eae["EaE memory reads the subject, geonames probes"] == "–", no_eae
     gaps = out.split("### Paired by seed")[1]
-    pair = next(r for r in gaps.splitlines() if "| EaE − No-EaE |" in r).strip(" |").split(" | ")
-    columns = next(r for r in gaps.splitlines() if r.startswith("| transformer | pair |")).strip(" |").split(" | ")
+    pair = next(r for r in gaps.splitlines() if r.startswith("| vital | medium | EaE − No-EaE |")).strip(" |").split(" | ")
+    columns = next(r for r in gaps.splitlines() if r.startswith("| world | transformer | pair |")).strip(" |").split(" | ")
     pair = dict(zip(columns, pair))
     # gaps 20 and 5 points: mean 12.5, t-interval 12.706 x 7.5 = 95.3 wide each side
     assert pair["fanoutqa single-hop test EM"] == "+12.5 [-82.8, +107.8] ~ (seeds=2)", pair
     assert pair["masked PPL"].startswith("+0.0 ")
     # EaE − itself with the memory output zeroed, masked entity acc: 3 and 2 points, mean 2.5,
     # half-width 12.706 x 0.707 / sqrt 2 = 6.4
-    off = dict(zip(columns, next(r for r in gaps.splitlines() if "| EaE − EaE with its memory output zeroed |" in r).strip(" |").split(" | ")))
+    off = dict(zip(columns, next(r for r in gaps.splitlines() if r.startswith("| vital | medium | EaE − EaE with its memory output zeroed |")).strip(" |").split(" | ")))
     assert off["masked entity acc (test articles)"] == "+2.5 [-3.9, +8.9] ~ (seeds=2)", off
+    # the 50-entity world's cells are rows of their own: one seed, a gap of 10 points
+    cut = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| vital50 | medium | eae |")).strip(" |").split(" | ")))
+    assert cut["seeds"] == "1" and cut["fanoutqa single-hop test EM"].startswith("90.0 "), cut
+    cut = dict(zip(columns, next(r for r in gaps.splitlines() if r.startswith("| vital50 | medium | EaE − No-EaE |")).strip(" |").split(" | ")))
+    assert cut["fanoutqa single-hop test EM"] == "+10.0 (n=1)", cut
     assert "| wvital" not in tables.stdout.split("## Real text")[0]  # no synthetic table row for them
     # --versus: each model − itself in the other stores, paired by seed (2,000 − 4,000 steps):
     # EaE's gaps −4 and −2 points: mean −3, sd 1.414, half-width 12.706 x 1.414 / sqrt 2 = 12.7;
     # No-EaE on its one common seed (0), a gap of 0
     versus = out.split("### The same model and seed on real text, these stores − longer")[1]
-    columns = next(r for r in versus.splitlines() if r.startswith("| transformer | model |")).strip(" |").split(" | ")
-    rows = {r.split(" | ")[1]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| medium |")}
+    columns = next(r for r in versus.splitlines() if r.startswith("| world | transformer | model |")).strip(" |").split(" | ")
+    rows = {r.split(" | ")[2]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| vital | medium |")}
     assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512, memory lr x10, X3 = X2 + X1"
     assert rows["eae"]["fanoutqa single-hop test EM"] == "-3.0 [-15.7, +9.7] ~ (seeds=2)", rows["eae"]
     assert rows["eae"]["geonames probes, entity acc"] == "-1.5 [-7.9, +4.9] ~ (seeds=2)", rows["eae"]
@@ -211,18 +238,18 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     tables = _tables(tmp_path / "qa3e-4", "--versus", tmp_path / "mlruns")
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout.split("## Real text")[1]
-    eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| medium | eae |")).strip(" |").split(" | ")))
+    eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| vital | medium | eae |")).strip(" |").split(" | ")))
     assert eae["steps x batch"] == "–" and eae["QA steps x batch at lr"] == "200 x 32 at 3e-4", eae
     assert eae["fanoutqa single-hop test EM"].startswith("28.5 ± 4.9 [") and eae["masked PPL"] == "–", eae
     versus = out.split("### The same model and seed on real text, these stores − mlruns")[1]
-    rows = {r.split(" | ")[1]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| medium |")}
+    rows = {r.split(" | ")[2]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| vital | medium |")}
     assert rows["eae"]["steps x batch"] == "the same models (2,000 x 512)", rows["eae"]
     assert rows["eae"]["QA steps x batch at lr"] == "200 x 32 at 3e-4 − 200 x 32 at 1e-4"
     assert rows["eae"]["fanoutqa single-hop test EM"] == "+3.5 [-15.6, +22.6] ~ (seeds=2)", rows["eae"]
     assert rows["eae"]["masked PPL"] == "–" and rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)"
     # against the 4,000-step stores (other models): both pretrainings named, "–" for these
     tables = _tables(tmp_path / "qa3e-4", "--versus", tmp_path / "longer")
-    assert ("| medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
+    assert ("| vital | medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
             in tables.stdout), tables.stdout
 
 

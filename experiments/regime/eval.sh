@@ -14,7 +14,6 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
 mkdir -p "$STUDY/logs"  # a study of FROM_STUDY's models has none yet
-has_memory() { [ "$1" != no_eae ] && [ "$1" != mm ]; }  # VARIANT: a model with the entity memory
 # KIND EVAL [--set ...]: `eae eval EVAL` of this cell ($w, $cell) as the run KIND-$cell, logged to
 # $STUDY/logs/KIND-$cell.log; skipped when that log records a finished run
 once() {

@@ -18,7 +18,7 @@ while read -r w z v s cell; do
   grep -q "^MLflow run:" "$STUDY/logs/qa-$cell.log" 2>/dev/null && continue
   [ "$v" = mm ] && continue  # MM has no EntityPred head: no answer entity to predict (as in the paper)
   off=""  # a model with a memory: test again with its output zeroed (test/em_memory_off)
-  case $v in eae|eae_unsup) off="--set finetune.memory_off_eval=true" ;; esac
+  ! has_memory "$v" || off="--set finetune.memory_off_eval=true"
   stated=""  # a synthetic world: EM split by whether pretraining read the question's fact
   is_real "$w" || stated="--set finetune.stated_in=$(data_dir "$w")"
   # shellcheck disable=SC2046,SC2086

@@ -90,6 +90,8 @@ variant_set() {  # the paper's ablations as switches of a preset
   esac
 }
 
+has_memory() { case $1 in eae|eae_unsup) true ;; *) false ;; esac; }  # a variant with the entity memory
+
 size_set() {  # a preset's own pretraining settings: minilm starts from the MiniLM encoder that ships offline
   case "$1" in
     minilm) echo "--set train.init_encoder=minilm" ;;

@@ -89,10 +89,21 @@ def synth_pretrained(ray_cluster, tmp_path_factory):
 # --- a real MLflow server on PostgreSQL ----------------------------------------------------
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free now on 127.0.0.1 that this process has not handed out before. The kernel
+    can give the same ephemeral port to two binds in a row once the first socket is closed, and
+    a caller that asks for several before using them (a Ray head's GCS, client server and
+    dashboard ports) needs them distinct: `ray start` refuses a port given to two components."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class MlflowServer:

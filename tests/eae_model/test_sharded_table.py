@@ -12,7 +12,6 @@ own backward gives), and the worker's rows of dJ/dE (DDP's averaging convention)
 from __future__ import annotations
 
 import datetime
-import socket
 import time
 
 import pytest
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from eae_model.entity_table import entity_attention
 from eae_model.sharded_table import ShardedEntityTable, bytes_per_step, exchange_counts, shard_bounds
 from eae_platform.pretrain.profiling import SpanTimer  # the timing hook the Ray layer passes in
+from tests.conftest import free_port
 
 N, D, W = 11, 16, 2  # N odd: shards of 6 and 5 rows
 TOL = 1e-5
@@ -203,18 +203,12 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("sharded")
-    port = _free_port()
+    port = free_port()
     assert port != 6379
     start = time.monotonic()
     ctx = mp.start_processes(_worker, args=(port, str(out)), nprocs=W, start_method="spawn", join=False)

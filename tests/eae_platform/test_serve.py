@@ -19,18 +19,13 @@ import pytest
 import torch
 import yaml
 
+from tests.conftest import free_port
 from tests.eae_platform.chromium import Browser
 from tests.eae_platform.serving_fixtures import aliases, make_model_dir, title
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = "Ada Lovelace met Charles Babbage in London in 1833, and they wrote about the Analytical Engine."
 APP = "eae-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> set[str]:
@@ -88,7 +83,7 @@ def server(ray_cluster, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("serve")
     model_dir = make_model_dir(tmp / "model", num_entities=20_000 if DEVICE == "cuda" else None)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     host = build_parser().parse_args(["serve", "--model", str(model_dir)]).host  # `eae serve`'s default
     serve.start(http_options={"host": host, "port": port})

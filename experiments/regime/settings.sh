@@ -20,10 +20,10 @@ WORLDS=${WORLDS:-"5000 100000"}
 # "vital": real text instead of a synthetic world (issue 23 item 5): Wikipedia's Vital Articles'
 # lead sections linked by alias matching (`eae data vital`) built together with the gensim
 # sample dump (real hyperlinks); its QA is fanoutqa's single-hop questions, its fact probes
-# $REAL_PROBES (GeoNames, countryinfo, WordNet). "vital2000": the same text with its entity
-# vocabulary cut to the 2,000 most frequent link targets (`eae data build --entities`, the
-# paper's cut at 1M): ~12 linked mentions per entity instead of 2.3, the paper's ~15 (round 15
-# found the full vocabulary's table memorising its few mentions). SAMPLE_DUMP: the gensim
+# $REAL_PROBES (GeoNames, countryinfo, WordNet). "vital<N>" (e.g. vital2000): the same text with
+# its entity vocabulary cut to the N most frequent link targets (`eae data build --entities`, the
+# paper's cut at 1M): at 2,000, ~12 linked mentions per entity instead of 2.3, the paper's ~15
+# (round 15 found the full vocabulary's table memorising its few mentions). SAMPLE_DUMP: the gensim
 # sample's path (default: found in the installed gensim, never imported)
 REAL_PROBES=${REAL_PROBES:-"geonames,countryinfo,wordnet"}
 SAMPLE_DUMP=${SAMPLE_DUMP:-}

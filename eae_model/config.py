@@ -140,6 +140,8 @@ def coerce_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in data.items():
         kind = fields[key]
+        if value is None and kind in ("int", "float"):  # `--set num_entities=` or YAML `~`: only `T | None` fields take null
+            raise ValueError(f"{cls.__name__}.{key} must be a number, got null")
         try:
             if isinstance(value, str) and kind.startswith(("float", "int")):
                 value = float(value) if kind.startswith("float") else int(value)

@@ -51,6 +51,8 @@ def test_yaml_then_overrides(tmp_path):
         (["memory_pretune_margin=-0.1"], r"memory_pretune_margin must be in \[0, 1\), got -0.1"),
         (["memory_pretune_margin=1.0"], r"memory_pretune_margin must be in \[0, 1\), got 1.0"),
         (["l0"], "key=value"),
+        (["num_entities="], "EaEConfig.num_entities must be a number, got null"),
+        (["dropout=null"], "EaEConfig.dropout must be a number, got null"),
     ],
 )
 def test_bad_config_is_a_clear_error(overrides, message):

@@ -375,6 +375,18 @@ def test_recipes_run_a_stage_side_by_side_each_in_a_study_of_its_own_sharing_the
     assert bad.returncode == 2 and "expected NAME:SETTING=VALUE" in bad.stderr, bad.stderr
 
 
+def test_pretraining_a_world_without_its_data_is_refused_before_any_cell_starts(tmp_path):
+    """pretrain.sh when data.sh has not built a world (a fresh study, or a lent machine's /tmp
+    lost between calls, as round 17's second call found): one clear line and exit 2, where each
+    cell used to fail on its own with a traceback and a TypeError from `eae pretrain`."""
+    env = {**os.environ, "STUDY": str(tmp_path / "study"), "WORLDS": "300r2", "VARIANTS": "eae", "SEEDS": "0",
+           "DEVICE": "cpu", "EAE_CMD": "false"}
+    done = _stage("pretrain", env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "world 300r2 has no data" in done.stderr and "run experiments/regime/data.sh first" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "study" / "logs" / "pretrain-w300r2-small-eae-s0.log").exists()
+
+
 def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, tmp_path, monkeypatch):
     """SIZES=minilm: pretrain.sh launches the cell with train.init_encoder=minilm (size_set),
     as its MLflow run's params record."""

@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mkdir -p "$STUDY/logs"
 pids=()
 for w in $WORLDS; do
-  [ -f "$(data_dir "$w")/manifest.json" ] && { say "world $w: $(data_dir "$w") exists"; continue; }
+  has_data "$w" && { say "world $w: $(data_dir "$w") exists"; continue; }
   if is_real "$w"; then
     (
       sample=${SAMPLE_DUMP:-$("$PYTHON" -c "from eae_data.wikidump import embedded_dump_path; print(embedded_dump_path())")} &&
@@ -33,6 +33,6 @@ status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 for w in $WORLDS; do
   grep -h "^built" "$STUDY/logs/data-w$w.log" 2>/dev/null | sed "s/^/[world $w] /" || true
-  [ -f "$(data_dir "$w")/manifest.json" ] || { say "world $w failed:"; tail -20 "$STUDY/logs/data-w$w.log"; }
+  has_data "$w" || { say "world $w failed:"; tail -20 "$STUDY/logs/data-w$w.log"; }
 done
 exit $status

@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . experiments/regime/settings.sh
 mkdir -p "$STUDY/logs" "$MODELS"
 for w in $WORLDS; do  # a cell needs its world's shards (and their entity count), which data.sh builds
-  [ -f "$(data_dir "$w")/manifest.json" ] ||
+  has_data "$w" ||
     { echo "world $w has no data ($(data_dir "$w")/manifest.json is missing): run experiments/regime/data.sh first" >&2; exit 2; }
 done
 pids=()

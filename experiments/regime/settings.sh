@@ -71,6 +71,7 @@ world_dir() { echo "$FROM_STUDY/worlds/w$1"; }
 world_entities() { echo "${1%%r*}"; }                      # 20000r4 -> 20000
 world_renderings() { case "$1" in *r*) echo "${1##*r}" ;; *) echo 1 ;; esac; }  # 20000r4 -> 4
 data_dir() { echo "$FROM_STUDY/data/w$1"; }
+has_data() { [ -f "$(data_dir "$1")/manifest.json" ]; }   # data.sh built the world's shards
 is_real() { [[ $1 =~ ^vital[0-9]*$ ]]; }                   # real text, not a synthetic world
 real_entities() { echo "${1#vital}"; }                     # vital2000 -> 2000, vital -> "" (every target)
 qa_data() {  # the QA dataset spec of a world (eae finetune qa --data)

@@ -103,6 +103,10 @@ class TrainConfig:
     # that took long to start (many runs sharing one machine) would overrun it with a budget
     # counted from their first step. None: no deadline.
     deadline: float | None = None
+    # When no step has finished for this many seconds, every thread's stack to the log
+    # (pretrain/stall.py: a worker that stopped stepping said nothing of where it waited).
+    # None: no watchdog.
+    stall_report_s: float | None = 300.0
     # A pretrained BERT encoder's weights for the embeddings and the l0 + l1 layers at step 0
     # (eae_model/pretrained.py): "minilm" (the shipped MiniLM, with --preset minilm) or a
     # directory with config.json and model.safetensors. None: every weight newly initialised.
@@ -131,6 +135,8 @@ class TrainConfig:
         g = self.gpus_per_worker
         if not (0 < g <= 1 or (g > 1 and g == int(g))):
             problems.append(f"gpus_per_worker must be a fraction in (0, 1] or a whole number, got {self.gpus_per_worker}")
+        if self.stall_report_s is not None and self.stall_report_s <= 0:
+            problems.append(f"stall_report_s must be positive or null, got {self.stall_report_s}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             problems.append(f"time_budget_s must be positive or null, got {self.time_budget_s}")
         if self.deadline is not None and self.deadline <= 0:

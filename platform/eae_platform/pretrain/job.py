@@ -39,7 +39,7 @@ def vocabulary_note(config: PretrainConfig, manifest: dict | None = None) -> str
 # run, logged and kept, not what it computes.
 RESUMABLE_CHANGES = {"max_steps", "time_budget_s", "deadline", "out", "register_as", "alias", "log_every", "checkpoint_every",
                      "eval_batches", "profile_steps", "mlflow_uri", "experiment", "max_failures", "cpus_per_worker",
-                     "gpus_per_worker", "prefetch_batches", "cache_data", "placement_strategy"}
+                     "gpus_per_worker", "prefetch_batches", "cache_data", "placement_strategy", "stall_report_s"}
 
 
 def last_checkpoint_state(storage_path: str, name: str) -> tuple[Path, dict] | None:

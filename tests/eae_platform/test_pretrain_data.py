@@ -530,6 +530,24 @@ def test_workers_holding_every_cpu_while_ray_data_has_tasks_are_warned_about(tmp
     assert note(3, "train.cache_data=false") is None and note(3, "train.eval_batches=0") is None
 
 
+def test_workers_asking_for_more_gpus_than_the_cluster_has_are_warned_about():
+    """gpu_note: train.use_gpu with fewer GPUs in the cluster than the workers ask (a GPU config
+    on a laptop: Ray Train would wait without a word) gets a warning naming the fix; none on
+    CPUs, or when the GPUs are there (fractions summed over workers)."""
+    from eae_platform.pretrain.checks import gpu_note
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    def note(gpus, *overrides):
+        return gpu_note(load_pretrain_config(preset="tiny", overrides=list(overrides)), gpus)
+
+    on_cpu = note(0, "train.use_gpu=true")
+    assert on_cpu.startswith("warning: 1 worker(s) x train.gpus_per_worker=1 need 1 GPU(s) and this Ray cluster has 0") \
+        and "--set train.use_gpu=false" in on_cpu, on_cpu
+    assert note(0) is None and note(1, "train.use_gpu=true") is None
+    assert "need 2 GPU(s) and this Ray cluster has 1" in note(1, "train.use_gpu=true", "train.num_workers=2")
+    assert note(1, "train.use_gpu=true", "train.num_workers=4", "train.gpus_per_worker=0.25") is None
+
+
 def test_shuffled_epochs_mix_the_shards_rows_in_a_seeded_order(tmp_path):
     """train.shuffle_rows (the cached path): an epoch's batches hold the rows of file order in an
     order drawn from (seed, epoch, rank): the same rows, the same order again for a relaunch

@@ -80,3 +80,16 @@ def ray_data_cpu_note(config: PretrainConfig, cluster_cpus: float) -> str | None
             + ("training data streamed from Parquet" if not cached else "the whole dev split, train.eval_batches=0")
             + ") each need one: they would wait for a CPU forever. Lower train.cpus_per_worker or add a node.")
 
+
+def gpu_note(config: PretrainConfig, cluster_gpus: float) -> str | None:
+    """A warning when the workers ask for more GPUs than the cluster has (train.use_gpu on a
+    machine without one, e.g. a GPU config on a laptop): Ray Train waits for them without a word,
+    forever where no node with GPUs will join. A warning, not an error: an autoscaling cluster
+    adds GPU nodes when asked (Ray's resources show only the nodes up now). None when they fit."""
+    t = config.train
+    needed = t.num_workers * t.gpus_per_worker
+    if not t.use_gpu or cluster_gpus >= needed:
+        return None
+    return (f"warning: {t.num_workers} worker(s) x train.gpus_per_worker={t.gpus_per_worker:g} need {needed:g} GPU(s) "
+            f"and this Ray cluster has {cluster_gpus:g}: the run waits until nodes with GPUs join. Without a GPU, "
+            "run with --set train.use_gpu=false (Ctrl-C stops this one).")

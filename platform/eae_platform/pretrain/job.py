@@ -15,7 +15,7 @@ from pathlib import Path
 
 from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain import storage
-from eae_platform.pretrain.checks import check_data, ray_data_cpu_note
+from eae_platform.pretrain.checks import check_data, gpu_note, ray_data_cpu_note
 from eae_platform.pretrain.config import PretrainConfig
 from eae_platform.pretrain.loop import MLFLOW_CLOSE_WAIT_S, train_loop_per_worker
 from eae_platform.progress import relay
@@ -177,9 +177,10 @@ def _fit(config: PretrainConfig, channel, mlflow_run_id: str):
     from ray.train.torch import TorchConfig, TorchTrainer
 
     t = config.train
-    note = ray_data_cpu_note(config, ray.cluster_resources().get("CPU", 0))
-    if note:
-        print(note, flush=True)
+    resources = ray.cluster_resources()
+    for note in (gpu_note(config, resources.get("GPU", 0)), ray_data_cpu_note(config, resources.get("CPU", 0))):
+        if note:
+            print(note, flush=True)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={**config.to_dict(), "progress": channel, "mlflow_run_id": mlflow_run_id},

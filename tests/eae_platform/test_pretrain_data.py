@@ -533,8 +533,9 @@ def test_workers_holding_every_cpu_while_ray_data_has_tasks_are_warned_about(tmp
 def test_workers_asking_for_more_gpus_than_the_cluster_has_are_warned_about():
     """gpu_note: train.use_gpu with fewer GPUs in the cluster than the workers ask (a GPU config
     on a laptop: Ray Train would wait without a word) gets a warning naming the fix; none on
-    CPUs, or when the GPUs are there (fractions summed over workers)."""
-    from eae_platform.pretrain.checks import gpu_note
+    CPUs, or when the GPUs are there (fractions summed over workers). gpu_wait_note: the same
+    for the Ray task of `eae finetune` and `eae eval` (--gpus)."""
+    from eae_platform.pretrain.checks import gpu_note, gpu_wait_note
     from eae_platform.pretrain.config import load_pretrain_config
 
     def note(gpus, *overrides):
@@ -546,6 +547,11 @@ def test_workers_asking_for_more_gpus_than_the_cluster_has_are_warned_about():
     assert note(0) is None and note(1, "train.use_gpu=true") is None
     assert "need 2 GPU(s) and this Ray cluster has 1" in note(1, "train.use_gpu=true", "train.num_workers=2")
     assert note(1, "train.use_gpu=true", "train.num_workers=4", "train.gpus_per_worker=0.25") is None
+    # the same for a Ray task's GPUs (eae finetune / eval --gpus)
+    assert gpu_wait_note("--gpus 1", 1, 0, "--gpus 0") == (
+        "warning: --gpus 1 need 1 GPU(s) and this Ray cluster has 0: the run waits until nodes with GPUs join. "
+        "Without a GPU, run with --gpus 0 (Ctrl-C stops this one).")
+    assert gpu_wait_note("--gpus 0", 0, 0, "--gpus 0") is None
 
 
 def test_shuffled_epochs_mix_the_shards_rows_in_a_seeded_order(tmp_path):

@@ -81,15 +81,21 @@ def ray_data_cpu_note(config: PretrainConfig, cluster_cpus: float) -> str | None
             + ") each need one: they would wait for a CPU forever. Lower train.cpus_per_worker or add a node.")
 
 
-def gpu_note(config: PretrainConfig, cluster_gpus: float) -> str | None:
-    """A warning when the workers ask for more GPUs than the cluster has (train.use_gpu on a
-    machine without one, e.g. a GPU config on a laptop): Ray Train waits for them without a word,
-    forever where no node with GPUs will join. A warning, not an error: an autoscaling cluster
-    adds GPU nodes when asked (Ray's resources show only the nodes up now). None when they fit."""
-    t = config.train
-    needed = t.num_workers * t.gpus_per_worker
-    if not t.use_gpu or cluster_gpus >= needed:
+def gpu_wait_note(asked: str, needed: float, cluster_gpus: float, fix: str) -> str | None:
+    """A warning when a run asks for more GPUs than the Ray cluster has (a GPU setting on a
+    machine without one): Ray waits for them without a word, forever where no node with GPUs
+    will join. A warning, not an error: an autoscaling cluster adds GPU nodes when asked (Ray's
+    resources show only the nodes up now). None when they fit."""
+    if cluster_gpus >= needed:
         return None
-    return (f"warning: {t.num_workers} worker(s) x train.gpus_per_worker={t.gpus_per_worker:g} need {needed:g} GPU(s) "
-            f"and this Ray cluster has {cluster_gpus:g}: the run waits until nodes with GPUs join. Without a GPU, "
-            "run with --set train.use_gpu=false (Ctrl-C stops this one).")
+    return (f"warning: {asked} need {needed:g} GPU(s) and this Ray cluster has {cluster_gpus:g}: the run waits until "
+            f"nodes with GPUs join. Without a GPU, run with {fix} (Ctrl-C stops this one).")
+
+
+def gpu_note(config: PretrainConfig, cluster_gpus: float) -> str | None:
+    """gpu_wait_note for the training workers (train.use_gpu)."""
+    t = config.train
+    if not t.use_gpu:
+        return None
+    return gpu_wait_note(f"{t.num_workers} worker(s) x train.gpus_per_worker={t.gpus_per_worker:g}",
+                         t.num_workers * t.gpus_per_worker, cluster_gpus, "--set train.use_gpu=false")

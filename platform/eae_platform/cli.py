@@ -28,7 +28,6 @@ from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
 from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
-from eae_platform.pretrain.checks import gpu_wait_note
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
 from eae_platform.progress import VERBOSE_ENV, attach, relay, root_cause, save_traceback, verbose
@@ -307,6 +306,8 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
     cpus = args.cpus
     gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
+    from eae_platform.pretrain.checks import gpu_wait_note  # (pyarrow, numpy: not for building the parser)
+
     note = gpu_wait_note(f"--gpus {gpus:g}", gpus, ray.cluster_resources().get("GPU", 0), "--gpus 0")
     if note:
         print(note, flush=True)

@@ -305,10 +305,11 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     # the core worker's own handler, which must not take the signal first)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
     cpus = args.cpus
-    gpus = args.gpus if args.gpus is not None else (1 if ray.cluster_resources().get("GPU") else 0)
     from eae_platform.pretrain.checks import gpu_wait_note  # (pyarrow, numpy: not for building the parser)
 
-    note = gpu_wait_note(f"--gpus {gpus:g}", gpus, ray.cluster_resources().get("GPU", 0), "--gpus 0")
+    cluster_gpus = ray.cluster_resources().get("GPU", 0)
+    gpus = args.gpus if args.gpus is not None else (1 if cluster_gpus else 0)
+    note = gpu_wait_note(f"--gpus {gpus:g}", gpus, cluster_gpus, "--gpus 0")
     if note:
         print(note, flush=True)
 

@@ -158,15 +158,11 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     `wvital50-...` for its 50 most frequent entities, as the stage scripts name them), with set
     metrics: the means, the priors and the paired gaps come from the runs, each world's cells
     apart, and the synthetic tables ignore these cells."""
-    from mlflow.tracking import MlflowClient
-
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
 
     def stores(directory, em, steps, qa_lr="0.0001", qa_only=False, pretrain=(), world="vital"):
         for (variant, seed), qa_em in em.items():
             cell = f"w{world}-medium-{variant}-s{seed}"
-            client = MlflowClient(f"file://{directory / cell}")
-            experiment = client.create_experiment("regime")
             qa = {"finetune.lr": qa_lr, "finetune.max_steps": "200", "finetune.batch_size": "32",
                   "finetune.init": f"/study/{steps}/models/{cell}"}
             runs = {cell: ({"train.max_steps": steps, "train.batch_size": "512", **dict(pretrain)}, {}),
@@ -178,13 +174,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
                 runs[f"masked-off-{cell}"] = ({}, {"test/entity_accuracy": 0.5 - qa_em / 10})
             if qa_only:  # finetune.sh with FROM_STUDY: another QA recipe for those models, a store of QA runs only
                 runs = {f"qa-{cell}": runs[f"qa-{cell}"]}
-            for name, (params, metrics) in runs.items():
-                run = client.create_run(experiment, run_name=name)
-                for k, v in params.items():
-                    client.log_param(run.info.run_id, k, v)
-                for k, v in metrics.items():
-                    client.log_metric(run.info.run_id, k, v)
-                client.set_terminated(run.info.run_id, "FINISHED")
+            _log_cell(directory, cell, runs)
 
     stores(tmp_path / "mlruns", {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15}, "2000")
     # the same text cut to its 50 most frequent entities (WORLDS=vital50), in the same directory

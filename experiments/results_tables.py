@@ -627,11 +627,23 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
     another recipe on purpose, as round 7's MM with a longer warmup: printed, never silent), and
     the (world, transformer, model) groups whose merged cells hold more than one pretraining
     recipe: one table would mix them, so main() refuses them (compare recipes with --versus or
-    --best-recipe)."""
+    --best-recipe). A cell of QA runs only (FROM_STUDY: another QA recipe for a study's models)
+    replaces the QA run of the cell, in an earlier store, whose pretraining wrote its model
+    (train.out == its finetune.init), keeping that cell's pretraining and evaluations; without
+    one it is left out, and both are printed (a QA-only cell winning whole would drop the cell's
+    pretraining from the tables without a word)."""
     cells: dict[str, tuple[int, dict]] = {}
-    replaced: Counter = Counter()
+    replaced, joined, unlinked = Counter(), Counter(), Counter()
     for i, path in enumerate(paths):  # a cell keeps its store's index: sorted, the command line's order
         for cell, runs in read_cells(path).items():
+            if CELL.match(cell) and cell not in runs and (qa := runs.get("qa-" + cell)) is not None:
+                before = cells[cell][1].get(cell, {}).get("params", {}) if cell in cells else {}
+                if before.get("train.out") is None or before["train.out"] != qa["params"].get("finetune.init"):
+                    unlinked[str(path)] += 1
+                    continue
+                joined[str(path)] += 1
+                cells[cell] = (cells[cell][0], {**cells[cell][1], "qa-" + cell: qa})  # the pretraining's store
+                continue
             if cell in cells:
                 before, after = pretrain_recipe(cells[cell][1], cell), pretrain_recipe(runs, cell)
                 if before != after and None not in (before, after):
@@ -639,6 +651,11 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
             cells[cell] = (i, runs)
     for (old, before, new, after), n in sorted(replaced.items()):
         print(f"({n} cell(s) of {old}, pretrained at {before}, replaced by {new}'s at {after}: a later store's cell wins)\n")
+    for path, n in sorted(joined.items()):
+        print(f"({n} cell(s) of {path}: QA runs only, each in place of the QA run of the cell whose pretraining wrote its model)\n")
+    for path, n in sorted(unlinked.items()):
+        print(f"({n} cell(s) of {path} left out: QA runs only, and no earlier store holds the pretraining run "
+              "that wrote the model they tuned (train.out = their finetune.init))\n")
     groups = defaultdict(lambda: defaultdict(set))
     for cell, (i, runs) in cells.items():
         r = pretrain_recipe(runs, cell)
@@ -834,6 +851,14 @@ def main() -> None:
     missing = [str(p) for p in args.stores + args.versus if not p.exists()]
     if missing:
         parser.error(f"no such store: {', '.join(missing)}")
+    if any("=" not in a for a in args.answer_frequency):
+        parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
+    data_dirs = {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)}
+    from eae_data.shards import shard_files  # checked before the tables print, not after
+
+    if empty := [f"{w}={d}" for w, d in data_dirs.items() if not shard_files(d, "train")]:
+        parser.error(f"--answer-frequency: no train shards under {', '.join(empty)} (give a world's `eae data build` "
+                     "directory: STUDY=runs/regime WORLDS=<world> experiments/regime/data.sh rebuilds it)")
     if all(p.suffix == ".db" for p in args.stores):
         synth = MlflowClient(f"sqlite:///{args.stores[0]}")
         synthetic(synth)
@@ -861,9 +886,7 @@ def main() -> None:
     if args.versus:
         print_versus(groups, summarize(other)[0], versus_label)
     print_real_text(cells, other, versus_label)
-    if any("=" not in a for a in args.answer_frequency):
-        parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
-    print_answer_frequency(cells, {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)})
+    print_answer_frequency(cells, data_dirs)
 
 
 if __name__ == "__main__":

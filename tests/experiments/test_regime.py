@@ -361,7 +361,8 @@ def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote
     and evaluations it takes. By hand: EaE's QA at 3e-4 x 600 is picked (dev 30 > 20), No-EaE's
     at 1e-4 x 300 (dev 15 > 10); test gaps 40 − 10, 42 − 11, 44 − 12: 30, 31, 32, mean 31, sd 1,
     half-width 4.303 / sqrt 3 = 2.5. A cell of QA runs only whose model no given store wrote
-    (another session's study) is left out, and the tables say so."""
+    (another session's study) is left out, and the tables say so. The one-recipe tables join the
+    QA-only store the same way (round 21's QA recipes against round 10's cells, by --versus)."""
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     study, again = tmp_path / "study" / "mlruns", tmp_path / "qa600" / "mlruns"
     for variant in ("eae", "no_eae"):
@@ -395,6 +396,22 @@ def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote
     # the QA-only store's test EM, and fact recall from the pretraining store's evaluation (50 − 50)
     assert (row["QA test EM"], row["fact recall, facts pretraining read"]) == (
         "+31.0 [+28.5, +33.5] ✓ (seeds=3)", "+0.0 [+0.0, +0.0] ~ (seeds=3)"), row
+    # the one-recipe tables of the study with the QA-only store after it: its QA runs in place of
+    # the study's (EaE 40, 42, 44 − No-EaE 5: gaps 35, 37, 39, mean 37, sd 2, half-width
+    # 4.303 x 2 / sqrt 3 = 5.0), the pretraining's evaluations kept; the unlinked cell is left out
+    one = _tables(study, again)
+    assert one.returncode == 0, one.stderr
+    assert f"(6 cell(s) of {again}: QA runs only, each in place of the QA run of the cell whose pretraining wrote its model)" in one.stdout, one.stdout
+    assert f"(1 cell(s) of {again} left out: QA runs only, and no earlier store holds the pretraining run" in one.stdout, one.stdout
+    gaps = one.stdout.split("### EaE − No-EaE, paired by seed")[1].split("###")[0]
+    head = next(r for r in gaps.splitlines() if r.startswith("| world |")).strip(" |").split(" | ")
+    row = dict(zip(head, next(r for r in gaps.splitlines() if r.startswith("| 5,000")).strip(" |").split(" | ")))
+    assert (row["QA test EM"], row["fact recall, facts pretraining read"]) == (
+        "+37.0 [+32.0, +42.0] ✓ (seeds=3)", "+0.0 [+0.0, +0.0] ~ (seeds=3)"), row
+    # Figure 3 from a directory without the world's shards: a clear error before any table
+    nodata = _tables(study, "--answer-frequency", f"5000r4={tmp_path / 'nodata'}")
+    assert nodata.returncode == 2 and f"no train shards under 5000r4={tmp_path / 'nodata'}" in nodata.stderr, nodata.stderr
+    assert "Traceback" not in nodata.stderr and nodata.stdout == "", (nodata.stdout, nodata.stderr)
 
 
 def test_recipes_run_a_stage_side_by_side_each_in_a_study_of_its_own_sharing_the_worlds_data(tmp_path):

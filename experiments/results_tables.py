@@ -760,7 +760,8 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> dict:
     """Each model at its best recipe on dev QA EM, then EaE − No-EaE at those recipes on test,
     paired by seed: a fair test of EaE's QA edge needs each model's own best recipe. Where the
     pick on all of each recipe's seeds differs from the pick on the common ones, both pairs.
-    Returns the first pair's gaps, {(world, size, metric): gap}, for draw() (--figure)."""
+    Returns the first pair's gaps, {(world, size, metric): gap}, and what each point's picks
+    were, {(world, size): words}, for draw() (--figure)."""
     print("### Each model's recipes: QA dev EM picks one, test EM reported (mean over seeds [95% t-interval])\n")
     rows = []
     for (w, z, v), options in sorted(ranked.items()):
@@ -771,7 +772,7 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> dict:
                  "QA dev EM, all its seeds", "QA test EM"], rows))
     print("\nThe pick: the best dev EM on the seeds every recipe of the model holds (on all its seeds when fewer than 3 are).\n")
     keys = ("qa_em", "qa_em_stated", "qa_em_unstated", "recall_stated", "masked_entity")
-    rows, gaps = [], {}
+    rows, gaps, notes = [], {}, {}
     for (w, z) in sorted({(w, z) for (w, z, v) in ranked if v == "eae"}):
         if (w, z, "no_eae") not in ranked:
             continue
@@ -787,6 +788,10 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> dict:
             pair = {k: paired_gap(eae, k, no, k) for k in keys}
             if i == 0:  # the figure: the pick on the common seeds (where they suffice)
                 gaps.update({(w, z, k): gap for k, gap in pair.items() if gap})
+                # the picks' table lr beside the point: rounds 19-21 turned points over with it
+                scale = [f"{float(r[5].split('memory lr x')[1].split(',')[0]):g}x" if "memory lr x" in r[5] else "1x"
+                         for r in (re_, rn)]
+                notes[(w, z)] = f"{z}, table " + (scale[0] if scale[0] == scale[1] else f"{scale[0]} / {scale[1]}")
             rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
                         + [gap_cell(pair[k]) for k in keys])
     if rows:
@@ -794,15 +799,20 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> dict:
         print(table(["world", "transformer", "facts / param", "picked on dev EM over", "EaE's recipe", "No-EaE's recipe"]
                     + [METRICS[k][2] for k in keys], rows))
         print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better; ~: the interval holds 0.\n")
-    return gaps
+    return gaps, notes
 
 
-def draw(setting: dict, gaps: dict, path: Path) -> None:
+def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> None:
+    """The gaps against each point's facts per transformer parameter; notes[(world, size)],
+    where given, is written under the point's tick (--best-recipe: the transformer and the
+    picks' table lr). Text stays text in the SVG (svg.fonttype none): searchable, and small."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.fonttype"] = "none"
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     renderings = sorted({w[1] for (w, _, _) in gaps})
@@ -822,7 +832,8 @@ def draw(setting: dict, gaps: dict, path: Path) -> None:
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
     xs = sorted({s["ratio"] for s in setting.values()})
-    ax.set_xticks(xs, [f"{x:.3g}" for x in xs])
+    under = {setting[p]["ratio"]: n for p, n in (notes or {}).items() if p in setting}
+    ax.set_xticks(xs, [f"{x:.3g}" + (f"\n{under[x]}" if x in under else "") for x in xs], fontsize=8 if under else None)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("facts stated in pretraining text per transformer parameter")
     ax.set_ylabel("EaE − No-EaE (points, 95% interval over seeds)")
@@ -871,9 +882,9 @@ def main() -> None:
         ranked, setting = best_recipes(read_recipes(args.stores))
         if not ranked:
             parser.error("--best-recipe: no cell in these stores has a QA run with a dev EM")
-        gaps = print_best_recipes(ranked, setting)
+        gaps, notes = print_best_recipes(ranked, setting)
         if args.figure:
-            draw(setting, gaps, args.figure)
+            draw(setting, gaps, args.figure, notes)
         return
     cells, mixed = merge_one_recipe(args.stores)
     other, mixed_other = merge_one_recipe(args.versus)

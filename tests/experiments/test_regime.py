@@ -304,6 +304,7 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     tables = _tables("--best-recipe", *stores, "--figure", tmp_path / "best.svg")
     assert tables.returncode == 0, tables.stderr
     assert f"figure: {tmp_path / 'best.svg'} (4 points)" in tables.stdout and (tmp_path / "best.svg").stat().st_size > 0
+    assert "medium, table 1x" in (tmp_path / "best.svg").read_text()  # under each point's tick: the picks' table lr
     picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r and r.startswith("| 5,000")]
     assert [(r[2], r[3].split(" (")[0]) for r in picked] == [("eae", "lr 1e-3 x 2,000"), ("no_eae", "lr 3e-4 x 6,000")], picked
     assert "file order" in picked[1][3] and sum("rows shuffled); QA" in r for r in tables.stdout.splitlines() if r.startswith("| 5,000")) == 2, tables.stdout  # its EaE and No-EaE rows
@@ -370,7 +371,7 @@ def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote
             cell = f"w5000r4-medium-{variant}-s{seed}"
             model = f"/tmp/r20/models/{cell}"
             pre = {"train.lr": "0.001", "train.max_steps": "2000", "train.warmup_fraction": "0.05", "train.batch_size": "512",
-                   "train.out": model, "model.num_entities": "5000", "model.entity_dim": "128", "model.hidden_size": "256",
+                   "train.memory_lr_scale": "10", "train.out": model, "model.num_entities": "5000", "model.entity_dim": "128", "model.hidden_size": "256",
                    "model.num_heads": "4", "model.ffn_size": "1024", "model.l0": "2", "model.l1": "2"}
             dev, test = (0.20, 0.30 + 0.02 * seed) if variant == "eae" else (0.15, 0.10 + 0.01 * seed)
             _log_cell(study, cell, {
@@ -384,8 +385,9 @@ def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote
     _log_cell(again, "w5000r4-medium-eae-s7", {"qa-w5000r4-medium-eae-s7": (
         {"finetune.lr": "0.0003", "finetune.max_steps": "600", "finetune.init": "/tmp/r9/models/w5000r4-medium-eae-s7"},
         {"dev/em": 0.9, "test/em": 0.9})})
-    tables = _tables("--best-recipe", study, again)
+    tables = _tables("--best-recipe", study, again, "--figure", tmp_path / "best.svg")
     assert tables.returncode == 0, tables.stderr
+    assert "medium, table 10x" in (tmp_path / "best.svg").read_text()  # both picks train the table at 10x
     assert "(1 cell(s) of QA runs only left out: no store given holds one pretraining run that wrote the model" in tables.stdout
     picked = [r.strip(" |").split(" | ") for r in tables.stdout.splitlines() if "**(picked)**" in r]
     assert [(r[2], r[3].split("; ")[1].split(" **")[0], r[4]) for r in picked] == [

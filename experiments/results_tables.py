@@ -756,7 +756,7 @@ def best_recipes(by_recipe: dict[tuple, dict]) -> tuple[dict[tuple, list], dict]
     return ranked, setting
 
 
-def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> dict:
+def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, dict]:
     """Each model at its best recipe on dev QA EM, then EaE − No-EaE at those recipes on test,
     paired by seed: a fair test of EaE's QA edge needs each model's own best recipe. Where the
     pick on all of each recipe's seeds differs from the pick on the common ones, both pairs.

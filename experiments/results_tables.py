@@ -622,6 +622,19 @@ def recipe_of(runs: dict, cell: str) -> tuple | None:
         return None
 
 
+def qa_only(runs: dict, cell: str) -> dict | None:
+    """The QA run of a cell of QA runs only (finetune.sh with FROM_STUDY: another QA recipe for
+    a study's models), else None."""
+    return runs.get("qa-" + cell) if cell not in runs else None
+
+
+def model_out(runs: dict, cell: str) -> str | None:
+    """Where the cell's pretraining wrote its model (train.out), which a QA run of that model
+    names as its finetune.init: the runs name the model by path, not by MLflow run id, since
+    each cell's store is a file store of its own."""
+    return runs.get(cell, {}).get("params", {}).get("train.out")
+
+
 def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
     """The stores' cells merged, a later store's cell winning (a rerun, or the same cell at
     another recipe on purpose, as round 7's MM with a longer warmup: printed, never silent), and
@@ -636,9 +649,9 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
     replaced, joined, unlinked = Counter(), Counter(), Counter()
     for i, path in enumerate(paths):  # a cell keeps its store's index: sorted, the command line's order
         for cell, runs in read_cells(path).items():
-            if CELL.match(cell) and cell not in runs and (qa := runs.get("qa-" + cell)) is not None:
-                before = cells[cell][1].get(cell, {}).get("params", {}) if cell in cells else {}
-                if before.get("train.out") is None or before["train.out"] != qa["params"].get("finetune.init"):
+            if CELL.match(cell) and (qa := qa_only(runs, cell)) is not None:
+                out = model_out(cells[cell][1], cell) if cell in cells else None
+                if out is None or out != qa["params"].get("finetune.init"):
                     unlinked[str(path)] += 1
                     continue
                 joined[str(path)] += 1
@@ -694,14 +707,13 @@ def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
     cell name trained at several recipes lands in several); a later store's cell wins within one
     recipe, as in main(). A cell of QA runs only (experiments/regime/finetune.sh with FROM_STUDY:
     another QA recipe for another study's models) takes its pretraining and evaluations from the
-    cell, among the stores, whose pretraining wrote the model it tuned (train.out ==
-    finetune.init): the runs name the model by path, not by MLflow run id, since each cell's
-    store is a file store of its own."""
+    cell, among the stores, whose pretraining wrote the model it tuned (model_out ==
+    finetune.init)."""
     stores = [read_cells(path) for path in paths]
     wrote: dict[tuple, dict] = defaultdict(dict)  # (cell, train.out) -> {pretraining recipe: runs}
     for cells in stores:
         for cell, runs in cells.items():
-            if CELL.match(cell) and (out := runs.get(cell, {}).get("params", {}).get("train.out")):
+            if CELL.match(cell) and (out := model_out(runs, cell)):
                 wrote[(cell, out)][pretrain_recipe(runs, cell)] = runs
     by_recipe: dict[tuple, dict] = defaultdict(dict)
     skipped, unlinked = 0, 0
@@ -709,8 +721,7 @@ def read_recipes(paths: list[Path]) -> dict[tuple, dict]:
         for cell, runs in cells.items():
             if not CELL.match(cell):  # the real-text world has no recipe grid
                 continue
-            qa = runs.get("qa-" + cell)
-            if cell not in runs and qa is not None:
+            if (qa := qa_only(runs, cell)) is not None:
                 sources = wrote.get((cell, qa["params"].get("finetune.init")), {})
                 if len(sources) != 1:  # its model's store not given, or two recipes wrote one path
                     unlinked += 1
@@ -789,7 +800,7 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
             if i == 0:  # the figure: the pick on the common seeds (where they suffice)
                 gaps.update({(w, z, k): gap for k, gap in pair.items() if gap})
                 # the picks' table lr beside the point: rounds 19-21 turned points over with it
-                scale = [f"{float(r[5].split('memory lr x')[1].split(',')[0]):g}x" if "memory lr x" in r[5] else "1x"
+                scale = [r[5].split("memory lr x")[1].split(",")[0] + "x" if "memory lr x" in r[5] else "1x"
                          for r in (re_, rn)]
                 notes[(w, z)] = f"{z}, table " + (scale[0] if scale[0] == scale[1] else f"{scale[0]} / {scale[1]}")
             rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
@@ -865,11 +876,12 @@ def main() -> None:
     if any("=" not in a for a in args.answer_frequency):
         parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
     data_dirs = {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)}
-    from eae_data.shards import shard_files  # checked before the tables print, not after
+    if data_dirs:  # checked before the tables print, not after
+        from eae_data.shards import shard_files
 
-    if empty := [f"{w}={d}" for w, d in data_dirs.items() if not shard_files(d, "train")]:
-        parser.error(f"--answer-frequency: no train shards under {', '.join(empty)} (give a world's `eae data build` "
-                     "directory: STUDY=runs/regime WORLDS=<world> experiments/regime/data.sh rebuilds it)")
+        if empty := [f"{w}={d}" for w, d in data_dirs.items() if not shard_files(d, "train")]:
+            parser.error(f"--answer-frequency: no train shards under {', '.join(empty)} (give a world's `eae data build` "
+                         "directory: STUDY=runs/regime WORLDS=<world> experiments/regime/data.sh rebuilds it)")
     if all(p.suffix == ".db" for p in args.stores):
         synth = MlflowClient(f"sqlite:///{args.stores[0]}")
         synthetic(synth)

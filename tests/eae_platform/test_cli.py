@@ -6,6 +6,10 @@ import sys
 from pathlib import Path
 
 EAE = Path(sys.executable).parent / "eae"
+# What a command prints once it has connected to Ray (ray_session.connect): its absence shows a
+# check ran before Ray started (Ray's own "Started a local Ray instance" is an INFO line, below
+# the level the commands log at)
+RAY_CONNECTED = "Ray's own output"
 
 
 def run(*args):
@@ -55,7 +59,7 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     result = run("pretrain", "--preset", "tiny", "--data", str(data), "--set", "model.max_length=64")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "contexts of up to 128 wordpieces" in result.stderr and "model.max_length=64" in result.stderr
-    assert "Started a local Ray instance" not in result.stderr + result.stdout
+    assert RAY_CONNECTED not in result.stdout, result.stdout
 
     # Unset, the model's sizes come from the data (tiny's own max_length is 64), and the
     # preset's batch (32) is checked against the contexts each worker is dealt: one line, no Ray.
@@ -68,7 +72,7 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     assert result.returncode == 2
     assert "batch_size 4 over 2 worker(s)" in result.stderr and "as 0, 1: use a smaller --batch-size or fewer workers" \
         in result.stderr and "smaller --shard-rows" in result.stderr, result.stderr
-    assert "Started a local Ray instance" not in result.stderr + result.stdout
+    assert RAY_CONNECTED not in result.stdout, result.stdout
 
 
 def test_pretrain_checks_its_init_encoder_before_starting_ray(tmp_path):
@@ -84,7 +88,21 @@ def test_pretrain_checks_its_init_encoder_before_starting_ray(tmp_path):
     result = run("pretrain", "--preset", "medium", "--data", str(data), "--set", "train.init_encoder=minilm")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "the encoder minilm does not fit this model: hidden_size 384 (the model's 256)" in result.stderr, result.stderr
-    assert "Started a local Ray instance" not in result.stderr + result.stdout
+    assert RAY_CONNECTED not in result.stdout, result.stdout
+
+
+def test_finetune_and_eval_check_a_local_model_path_before_starting_ray(tmp_path):
+    """A model path holding no model is refused on the driver with the Ray task's own error
+    (model_init.resolve_init), before Ray starts; an MLflow URI is left to the task."""
+    (tmp_path / "empty").mkdir()
+    for args in (("finetune", "qa", "--init", str(tmp_path / "missing"), "--data", "synth:x"),
+                 ("eval", "masked", "--model", str(tmp_path / "empty"), "--data", str(tmp_path)),
+                 ("eval", "topk", "--model", "models:/eae@pretrained", "--qa-model", str(tmp_path / "missing"),
+                  "--data", str(tmp_path))):
+        result = run(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert "neither an MLflow model URI nor a model directory (config.json)" in result.stderr, (args, result.stderr)
+        assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
 
 
 def test_the_data_sets_the_model_sizes_a_config_or_override_leaves_unset(tmp_path):

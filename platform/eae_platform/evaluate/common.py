@@ -10,6 +10,7 @@ import torch
 from eae_model.checkpoint import load_model
 from eae_model.model import EaEModel
 from eae_platform.evaluate.config import EvalConfig
+from eae_platform.model_init import resolve_init
 
 
 def device() -> torch.device:
@@ -20,8 +21,6 @@ def load(spec: str, mlflow_uri: str | None, dev: torch.device | None = None,
          memory_off: bool = False) -> tuple[EaEModel, Path | None]:
     """(model in eval mode, its entity vocabulary directory) for an MLflow model URI, a model
     directory or a pretraining checkpoint; memory_off: see silence_memory."""
-    from eae_platform.finetune.qa import resolve_init
-
     init = resolve_init(spec, mlflow_uri)
     model = load_model(init.model_dir, config=init.config).to(dev or device())
     model.eval()

@@ -29,7 +29,6 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,42 +39,15 @@ from eae_data.qa.examples import SPLITS, QAExample, load_dataset, normalize_answ
 from eae_data.qa.resolve import AnswerResolver
 from eae_data.tokenizer import WordPieceTokenizer
 from eae_model.checkpoint import load_model, save_model
-from eae_model.config import EaEConfig
 from eae_model.model import EaEModel
 from eae_model.mentions import Mentions
 from eae_model.qa.encode import EncodedQuestion, QAEncoder
 from eae_platform import task_stop
 from eae_platform.finetune.config import FinetuneConfig
+from eae_platform.model_init import InitModel, resolve_init
 
 Report = Callable[[dict, "Path | None"], None]  # (metrics, final model dir or None)
 REGISTERED_NAME = "eae-qa"  # the registered model of fine-tuned QA models without --register-as
-
-
-@dataclass
-class InitModel:
-    model_dir: Path
-    vocab_dir: Path | None
-    config: EaEConfig | None = None  # set for a pretraining checkpoint (its config is in state.json)
-
-
-def resolve_init(init: str, mlflow_uri: str | None = None) -> InitModel:
-    """Where the pretrained weights and their entity vocabulary are, for any `init` form."""
-    if not init:
-        raise ValueError("finetune.init is empty: give a model (models:/<name>@<alias>, a model directory "
-                         "or a pretraining checkpoint)")
-    if init.startswith(("models:/", "runs:/")):
-        from eae_platform.tracking import download_model_dir
-
-        model_dir = download_model_dir(init, uri=mlflow_uri)
-        return InitModel(model_dir, model_dir)
-    path = Path(init)
-    if (path / "config.json").is_file():
-        return InitModel(path, path)
-    if (path / "state.json").is_file():  # a Ray Train checkpoint of `eae pretrain`
-        saved = json.loads((path / "state.json").read_text())["config"]
-        return InitModel(path, Path(saved["train"]["data"]), EaEConfig.from_dict(saved["model"]))
-    raise FileNotFoundError(f"{init}: neither an MLflow model URI nor a model directory (config.json) nor a "
-                            "pretraining checkpoint (state.json)")
 
 
 class QATask:

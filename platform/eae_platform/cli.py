@@ -343,7 +343,8 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
 def _check_local_model(spec: str | None) -> None:
     """A model path that holds no model is refused here, with the Ray task's own error
     (resolve_init), before Ray starts: a new local cluster takes ~10 s and prints its lines
-    first. An MLflow URI is resolved in the task, where the model is downloaded."""
+    first. On a cluster the path must be one this node sees too (shared storage), as `eae serve`
+    already requires. An MLflow URI is resolved in the task, where the model is downloaded."""
     if spec and not spec.startswith(("models:/", "runs:/")):
         resolve_init(spec)
 

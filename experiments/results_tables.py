@@ -646,7 +646,7 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
     one it is left out, and both are printed (a QA-only cell winning whole would drop the cell's
     pretraining from the tables without a word)."""
     cells: dict[str, tuple[int, dict]] = {}
-    replaced, joined, unlinked = Counter(), Counter(), Counter()
+    replaced, rerun, joined, unlinked = Counter(), Counter(), Counter(), Counter()
     for i, path in enumerate(paths):  # a cell keeps its store's index: sorted, the command line's order
         for cell, runs in read_cells(path).items():
             if CELL.match(cell) and (qa := qa_only(runs, cell)) is not None:
@@ -657,13 +657,17 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
                 joined[str(path)] += 1
                 cells[cell] = (cells[cell][0], {**cells[cell][1], "qa-" + cell: qa})  # the pretraining's store
                 continue
-            if cell in cells:
+            if cell in cells and paths[cells[cell][0]] != path:  # (one store passed twice: the same runs)
                 before, after = pretrain_recipe(cells[cell][1], cell), pretrain_recipe(runs, cell)
                 if before != after and None not in (before, after):
                     replaced[(str(paths[cells[cell][0]]), recipe_label(before), str(path), recipe_label(after))] += 1
+                elif before is not None and before == after:  # a rerun: its figures move by the runs' own noise (round 22)
+                    rerun[(str(paths[cells[cell][0]]), str(path), recipe_label(before))] += 1
             cells[cell] = (i, runs)
     for (old, before, new, after), n in sorted(replaced.items()):
         print(f"({n} cell(s) of {old}, pretrained at {before}, replaced by {new}'s at {after}: a later store's cell wins)\n")
+    for (old, new, recipe), n in sorted(rerun.items()):
+        print(f"({n} cell(s) of {old} replaced by {new}'s rerun at the same recipe, {recipe}: a later store's cell wins)\n")
     for path, n in sorted(joined.items()):
         print(f"({n} cell(s) of {path}: QA runs only, each in place of the QA run of the cell whose pretraining wrote its model)\n")
     for path, n in sorted(unlinked.items()):

@@ -7,6 +7,7 @@ the top-K one (TOPK="", for time), the stores' archive and the tables printed fr
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -258,8 +259,8 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     (QA and fact recall, for both worlds: 4 points) at the worlds' facts per transformer parameter,
     the same ratio the one-recipe tables print. Without --best-recipe, stores that train a model
     at two recipes are refused (one table would mix them, or drop one where a cell's name repeats);
-    a store passed twice (a rerun of one recipe) is not, nor one whose every cell a later store
-    retrains (the tables say so)."""
+    a store passed twice is not, nor one whose every cell a later store retrains, at another
+    recipe or at the same one (a rerun): the tables say so."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -321,14 +322,22 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     assert mixed.returncode == 2 and "more than one recipe" in mixed.stderr, mixed.stderr
     assert f"w5000r4-medium-eae: lr 1e-3 x 2,000 (5% warmup, batch 512, file order) ({stores[0]})" in mixed.stderr, mixed.stderr
     assert f"; lr 3e-4 x 6,000 (5% warmup, batch 512, file order) ({stores[1]})" in mixed.stderr, mixed.stderr
-    # a store passed twice (a rerun of one recipe: silently the later), then every cell of that
-    # recipe retrained at another (round 7's MM at a longer warmup): the later store wins, one
-    # recipe per model, and the tables say what was replaced
+    # a store passed twice (the same runs: silently the later), then every cell of that recipe
+    # retrained at another (round 7's MM at a longer warmup): the later store wins, one recipe
+    # per model, and the tables say what was replaced
     replaced = _tables(stores[1], stores[1], stores[2])
     assert replaced.returncode == 0, replaced.stderr
     notices = [line for line in replaced.stdout.splitlines() if "replaced by" in line]
     assert notices == [f"(13 cell(s) of {stores[1]}, pretrained at lr 3e-4 x 6,000 (5% warmup, batch 512, file order), replaced by "
                        f"{stores[2]}'s at lr 3e-4 x 6,000 (5% warmup, batch 512, rows shuffled): a later store's cell wins)"], notices
+    # another store of the same cells at the same recipe (a rerun, round 22's EaE): said too
+    rerun_store = tmp_path / "rerun" / "mlruns"
+    shutil.copytree(stores[1], rerun_store)
+    rerun = _tables(stores[1], rerun_store)
+    assert rerun.returncode == 0, rerun.stderr
+    notices = [line for line in rerun.stdout.splitlines() if "replaced by" in line]
+    assert notices == [f"(13 cell(s) of {stores[1]} replaced by {rerun_store}'s rerun at the same recipe, "
+                       "lr 3e-4 x 6,000 (5% warmup, batch 512, file order): a later store's cell wins)"], notices
     # the facts per transformer parameter --best-recipe printed: the one-recipe tables' (their
     # Settings), 10,000 and 40,000 facts over the medium preset's 3,159,040 parameters
     settings = replaced.stdout.split("### Settings")[1].split("###")[0]

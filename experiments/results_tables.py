@@ -657,12 +657,12 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
                 joined[str(path)] += 1
                 cells[cell] = (cells[cell][0], {**cells[cell][1], "qa-" + cell: qa})  # the pretraining's store
                 continue
-            if cell in cells and paths[cells[cell][0]] != path:  # (one store passed twice: the same runs)
+            if cell in cells and (old := paths[cells[cell][0]]) != path:  # (one store passed twice: the same runs)
                 before, after = pretrain_recipe(cells[cell][1], cell), pretrain_recipe(runs, cell)
                 if before != after and None not in (before, after):
-                    replaced[(str(paths[cells[cell][0]]), recipe_label(before), str(path), recipe_label(after))] += 1
+                    replaced[(str(old), recipe_label(before), str(path), recipe_label(after))] += 1
                 elif before is not None and before == after:  # a rerun: its figures move by the runs' own noise (round 22)
-                    rerun[(str(paths[cells[cell][0]]), str(path), recipe_label(before))] += 1
+                    rerun[(str(old), str(path), recipe_label(before))] += 1
             cells[cell] = (i, runs)
     for (old, before, new, after), n in sorted(replaced.items()):
         print(f"({n} cell(s) of {old}, pretrained at {before}, replaced by {new}'s at {after}: a later store's cell wins)\n")

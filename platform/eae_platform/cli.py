@@ -28,7 +28,7 @@ from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
 from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
-from eae_platform.model_init import resolve_init
+from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
 from eae_platform.progress import VERBOSE_ENV, attach, relay, root_cause, save_traceback, verbose
@@ -345,7 +345,7 @@ def _check_local_model(spec: str | None) -> None:
     (resolve_init), before Ray starts: a new local cluster takes ~10 s and prints its lines
     first. On a cluster the path must be one this node sees too (shared storage), as `eae serve`
     already requires. An MLflow URI is resolved in the task, where the model is downloaded."""
-    if spec and not spec.startswith(("models:/", "runs:/")):
+    if spec and not is_mlflow_uri(spec):
         resolve_init(spec)
 
 
@@ -427,7 +427,7 @@ def _absolute(config):
     """Local paths made absolute: the evaluation runs as a Ray task in another directory."""
 
     def local(spec: str) -> str:
-        if not spec or spec.startswith(("models:/", "runs:/")):
+        if not spec or is_mlflow_uri(spec):
             return spec
         parts = []
         for part in spec.split(","):  # source specs: kind[:PATH], comma-separated

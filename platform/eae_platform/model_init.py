@@ -16,6 +16,12 @@ from pathlib import Path
 
 from eae_model.config import EaEConfig
 
+MLFLOW_URIS = ("models:/", "runs:/")  # a model MLflow downloads, not a local path
+
+
+def is_mlflow_uri(spec: str) -> bool:
+    return spec.startswith(MLFLOW_URIS)
+
 
 @dataclass
 class InitModel:
@@ -29,7 +35,7 @@ def resolve_init(init: str, mlflow_uri: str | None = None) -> InitModel:
     if not init:
         raise ValueError("finetune.init is empty: give a model (models:/<name>@<alias>, a model directory "
                          "or a pretraining checkpoint)")
-    if init.startswith(("models:/", "runs:/")):
+    if is_mlflow_uri(init):
         from eae_platform.tracking import download_model_dir
 
         model_dir = download_model_dir(init, uri=mlflow_uri)

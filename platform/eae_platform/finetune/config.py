@@ -21,6 +21,7 @@ from typing import Any
 
 
 from eae_model.config import coerce_fields, section_values
+from eae_platform.model_init import is_mlflow_uri
 
 MENTION_SOURCES = ("alias", "none")
 
@@ -105,7 +106,7 @@ def absolute_paths(config: FinetuneConfig) -> FinetuneConfig:
         return str(Path(path).resolve())
 
     values = dataclasses.asdict(config)
-    if config.init and not config.init.startswith(("models:/", "runs:/")):
+    if config.init and not is_mlflow_uri(config.init):
         values["init"] = local(config.init)
     fmt, sep, rest = config.data.partition(":")
     if sep and rest:

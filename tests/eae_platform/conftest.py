@@ -44,6 +44,9 @@ def pretrain_overrides(wiki, tmp, name, **train) -> list[str]:
         f"train.data={wiki}", f"train.storage_path={tmp / 'ray'}", f"train.name={name}",
         "train.batch_size=16", f"train.max_steps={STEPS}", "train.lr=0.002", "train.num_workers=2",
         "train.cpus_per_worker=0.5", "train.log_every=4", "train.checkpoint_every=4", "train.eval_batches=2",
+        # the GPU study's switches (docs/results.md): two Adam groups, the table's at 10x, so a
+        # resume that restored one group's lr only would part from the uninterrupted run
+        "train.memory_lr_scale=10", "train.shuffle_rows=true",
         f"train.mlflow_uri=sqlite:///{tmp / 'mlflow.db'}",
     ] + [f"train.{k}={v}" for k, v in train.items()]
 

@@ -1,0 +1,26 @@
+"""experiments/pause_check.py on CPUs, on the session's Ray cluster: the paused and relaunched
+run is the straight one, loss for loss and weight for weight (the GPU check reads the same table);
+a second call reads the finished runs instead of training them again."""
+
+import importlib.util
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("pause_check", Path(__file__).resolve().parents[2] / "experiments" / "pause_check.py")
+pause_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pause_check)
+
+
+def test_a_paused_run_prints_the_straight_runs_losses_and_weights(ray_cluster, tmp_path, capsys):
+    args = ["--out", str(tmp_path), "--entities", "300", "--steps", "8", "--log-every", "4", "--batch", "16",
+            "--straight", "1", "--pauses", "1"]
+    assert pause_check.main(args) == 0
+    out = capsys.readouterr().out
+    assert "paused run: paused at step 4" in out, out
+    head, _, straight, paused = [line for line in out.splitlines() if line.startswith("|")]
+    assert head.startswith("| run | loss at step 4 | loss at step 8 | largest weight difference"), head
+    cells = {row.split(" | ")[0]: row.strip(" |").split(" | ")[1:] for row in (straight, paused)}
+    assert cells["| straight-1"][:2] == cells["| paused"][:2] and all(float(x) > 0 for x in cells["| paused"][:2]), out
+    assert cells["| paused"][2].startswith("0 ("), out
+    assert pause_check.main(args) == 0  # the next device call: both runs finished, nothing trained
+    again = capsys.readouterr().out
+    assert "paused run:" not in again and [x for x in again.splitlines() if x.startswith("|")] == [head, _, straight, paused], again

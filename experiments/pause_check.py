@@ -24,6 +24,11 @@ from pathlib import Path
 from eae_data.synth.output import write_world
 
 
+def store(out: Path) -> str:
+    """The MLflow store every run of the check logs to."""
+    return f"sqlite:///{out / 'mlflow.db'}"
+
+
 def build_world(out: Path, entities: int) -> Path:
     """A synthetic world of `entities` (seed 0) and its shards, under out (kept between calls)."""
     from eae_platform.preprocess.build import build, synthetic_settings
@@ -48,7 +53,7 @@ def pretrain(args, data: Path, name: str, *extra: str) -> dict:
         f"train.batch_size={args.batch}", f"train.max_steps={args.steps}", "train.lr=1e-3", "train.num_workers=1",
         f"train.log_every={args.log_every}", f"train.checkpoint_every={args.log_every}", "train.eval_batches=1",
         "train.memory_lr_scale=10", "train.shuffle_rows=true", f"train.seed={args.seed}", "train.register_as=null",
-        f"train.mlflow_uri=sqlite:///{out / 'mlflow.db'}", *device, *args.set, *extra]
+        f"train.mlflow_uri={store(out)}", *device, *args.set, *extra]
     return run(load_pretrain_config(None, overrides, preset=args.preset))
 
 
@@ -58,7 +63,7 @@ def finished(out: Path, name: str) -> str | None:
 
     if not (out / "models" / name / "config.json").is_file():
         return None
-    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    client = MlflowClient(store(out))
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()], f"attributes.run_name = '{name}'")
     return runs[0].info.run_id if runs else None
 
@@ -67,7 +72,7 @@ def losses(out: Path, run_id: str) -> dict[int, float]:
     """{step: training loss} of an MLflow run, each log window's."""
     from mlflow.tracking import MlflowClient
 
-    return {m.step: m.value for m in MlflowClient(f"sqlite:///{out / 'mlflow.db'}").get_metric_history(run_id, "train/loss")}
+    return {m.step: m.value for m in MlflowClient(store(out)).get_metric_history(run_id, "train/loss")}
 
 
 def largest_difference(a: Path, b: Path) -> tuple[float, str]:

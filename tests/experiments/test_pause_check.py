@@ -16,11 +16,11 @@ def test_a_paused_run_prints_the_straight_runs_losses_and_weights(ray_cluster, t
     assert pause_check.main(args) == 0
     out = capsys.readouterr().out
     assert "paused run: paused at step 4" in out, out
-    head, _, straight, paused = [line for line in out.splitlines() if line.startswith("|")]
+    head, rule, straight, paused = [line for line in out.splitlines() if line.startswith("|")]
     assert head.startswith("| run | loss at step 4 | loss at step 8 | largest weight difference"), head
     cells = {row.split(" | ")[0]: row.strip(" |").split(" | ")[1:] for row in (straight, paused)}
     assert cells["| straight-1"][:2] == cells["| paused"][:2] and all(float(x) > 0 for x in cells["| paused"][:2]), out
     assert cells["| paused"][2].startswith("0 ("), out
     assert pause_check.main(args) == 0  # the next device call: both runs finished, nothing trained
     again = capsys.readouterr().out
-    assert "paused run:" not in again and [x for x in again.splitlines() if x.startswith("|")] == [head, _, straight, paused], again
+    assert "paused run:" not in again and [x for x in again.splitlines() if x.startswith("|")] == [head, rule, straight, paused], again

@@ -18,15 +18,21 @@ Runs an earlier call finished (their models saved under --out) are read, not tra
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
 from eae_data.synth.output import write_world
+from eae_platform.ray_session import connect
 
 
 def store(out: Path) -> str:
-    """The MLflow store every run of the check logs to."""
-    return f"sqlite:///{out / 'mlflow.db'}"
+    """The MLflow store every run of the check logs to: SQLite, or where SQLAlchemy is missing (the
+    GPU machine's wheels: MLflow there refused a sqlite URI) a file store, as the regime study's."""
+    if importlib.util.find_spec("sqlalchemy"):
+        return f"sqlite:///{out / 'mlflow.db'}"
+    return (out / "mlruns").as_uri()
 
 
 def build_world(out: Path, entities: int) -> Path:
@@ -101,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.straight < 1 or args.pauses < 1 or args.pauses * args.log_every >= args.steps:
         p.error("need --straight >= 1, --pauses >= 1 and --pauses x --log-every < --steps")
     args.out = args.out.resolve()
-    import ray
-
-    if not ray.is_initialized():
-        ray.init()  # RAY_ADDRESS's cluster, else a local one
+    # MLflow 3 refuses a file store without it; a local cluster's workers started below inherit it
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    # RAY_ADDRESS's cluster, else a new local one, as every `eae` command connects: a bare
+    # ray.init() joined the cluster a stale /tmp/ray/ray_current_cluster named (a stopped study
+    # head's) and waited there until the device call's end
+    connect()
     data = build_world(args.out, args.entities)
 
     # a run an earlier call finished is read, not trained again (a device call's 10 minutes)

@@ -106,11 +106,13 @@ size_set() {  # a preset's own pretraining settings: minilm starts from the Mini
 # Every cell side by side: each pretraining worker (and each evaluation task) gets an equal
 # share of a GPU, the cells spread over the machine's GPUS (Ray puts a fractional share on a
 # GPU with that much left: ceil(cells / GPUS) shares fit on each); on CPUs each gets half a
-# core (Ray's logical CPUs).
+# core (Ray's logical CPUs). The share is rounded down to 3 decimals: rounded to nearest, 6 cells
+# got 0.167 each (1.002 of a GPU), so Ray placed 5 and the sixth waited, its worker group timed out
+# after 60 s and started only when another cell stopped (rounds 19 and 25's "stalled" cell).
 # SHARE_CELLS: the cells sharing the machine (default this study's; experiments/regime/recipes.sh sets it
 # when several recipes' studies run at once).
 GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)}
-share() { awk -v n="${SHARE_CELLS:-$(ncells)}" -v g="$GPUS" 'BEGIN { g = g < 1 ? 1 : g; printf "%.3f", 0.999 / int((n + g - 1) / g) }'; }
+share() { awk -v n="${SHARE_CELLS:-$(ncells)}" -v g="$GPUS" 'BEGIN { g = g < 1 ? 1 : g; printf "%.3f", int(1000 / int((n + g - 1) / g)) / 1000 }'; }
 device_set() {
   if [ "$DEVICE" = gpu ]; then
     echo "--set train.use_gpu=true --set train.gpus_per_worker=$(share) --set train.cpus_per_worker=1"

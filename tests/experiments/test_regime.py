@@ -452,6 +452,22 @@ def test_recipes_run_a_stage_side_by_side_each_in_a_study_of_its_own_sharing_the
     assert bad.returncode == 2 and "expected NAME:SETTING=VALUE" in bad.stderr, bad.stderr
 
 
+def test_the_cells_shares_of_the_gpus_fit_on_them_together():
+    """settings.sh's share(): every cell of a study (or of all its recipes) fits on the GPUs at
+    once. Rounded to nearest, 6 cells on a GPU got 0.167 each, 1.002 of it: Ray placed five, the
+    sixth cell's worker group timed out after 60 s and started only when another cell stopped
+    (round 25's cell at step 100 while the others reached 3,400-3,800; round 19's twice)."""
+    for gpus in (1, 2, 8):
+        for cells in range(1, 41):
+            env = {**os.environ, "SHARE_CELLS": str(cells), "GPUS": str(gpus)}
+            done = subprocess.run(["bash", "-c", ". experiments/regime/settings.sh && share"], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=60)
+            share = float(done.stdout)
+            per_gpu = -(-cells // gpus)  # Ray puts a fractional share on a GPU with that much left
+            assert per_gpu * share <= 1.0, (cells, gpus, share)
+            assert share >= 0.99 / per_gpu - 0.001, (cells, gpus, share)  # no GPU left idle
+
+
 def test_pretraining_a_world_without_its_data_is_refused_before_any_cell_starts(tmp_path):
     """pretrain.sh when data.sh has not built a world (a fresh study, or a lent machine's /tmp
     lost between calls, as round 17's second call found): one clear line and exit 2, where each

@@ -108,7 +108,7 @@ size_set() {  # a preset's own pretraining settings: minilm starts from the Mini
 # GPU with that much left: ceil(cells / GPUS) shares fit on each); on CPUs each gets half a
 # core (Ray's logical CPUs). The share is rounded down to 3 decimals: rounded to nearest, 6 cells
 # got 0.167 each (1.002 of a GPU), so Ray placed 5 and the sixth waited, its worker group timed out
-# after 60 s and started only when another cell stopped (rounds 19 and 25's "stalled" cell).
+# after 60 s and started only when another cell stopped (rounds 19 and 24's "stalled" cell).
 # SHARE_CELLS: the cells sharing the machine (default this study's; experiments/regime/recipes.sh sets it
 # when several recipes' studies run at once).
 GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)}

@@ -456,7 +456,7 @@ def test_the_cells_shares_of_the_gpus_fit_on_them_together():
     """settings.sh's share(): every cell of a study (or of all its recipes) fits on the GPUs at
     once. Rounded to nearest, 6 cells on a GPU got 0.167 each, 1.002 of it: Ray placed five, the
     sixth cell's worker group timed out after 60 s and started only when another cell stopped
-    (round 25's cell at step 100 while the others reached 3,400-3,800; round 19's twice)."""
+    (round 24's `small` cell at step 100 while the others reached 3,400-3,800; round 19's twice)."""
     for gpus in (1, 2, 8):
         for cells in range(1, 41):
             env = {**os.environ, "SHARE_CELLS": str(cells), "GPUS": str(gpus)}

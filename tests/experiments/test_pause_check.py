@@ -24,3 +24,12 @@ def test_a_paused_run_prints_the_straight_runs_losses_and_weights(ray_cluster, t
     assert pause_check.main(args) == 0  # the next device call: both runs finished, nothing trained
     again = capsys.readouterr().out
     assert "paused run:" not in again and [x for x in again.splitlines() if x.startswith("|")] == [head, rule, straight, paused], again
+
+
+def test_the_store_is_a_file_store_where_sqlalchemy_is_missing(tmp_path, monkeypatch):
+    """The GPU machine's carried wheels hold no SQLAlchemy, and MLflow there refused the check's
+    sqlite URI (round 24's first attempt): without it the check logs to a file store."""
+    assert pause_check.store(tmp_path) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    find_spec = pause_check.importlib.util.find_spec
+    monkeypatch.setattr(pause_check.importlib.util, "find_spec", lambda name, *a: None if name == "sqlalchemy" else find_spec(name, *a))
+    assert pause_check.store(tmp_path) == (tmp_path / "mlruns").as_uri()

@@ -457,15 +457,16 @@ def test_the_cells_shares_of_the_gpus_fit_on_them_together():
     once. Rounded to nearest, 6 cells on a GPU got 0.167 each, 1.002 of it: Ray placed five, the
     sixth cell's worker group timed out after 60 s and started only when another cell stopped
     (round 24's `small` cell at step 100 while the others reached 3,400-3,800; round 19's twice)."""
-    for gpus in (1, 2, 8):
-        for cells in range(1, 41):
-            env = {**os.environ, "SHARE_CELLS": str(cells), "GPUS": str(gpus)}
-            done = subprocess.run(["bash", "-c", ". experiments/regime/settings.sh && share"], cwd=REPO, env=env,
-                                  capture_output=True, text=True, timeout=60)
-            share = float(done.stdout)
-            per_gpu = -(-cells // gpus)  # Ray puts a fractional share on a GPU with that much left
-            assert per_gpu * share <= 1.0, (cells, gpus, share)
-            assert share >= 0.99 / per_gpu - 0.001, (cells, gpus, share)  # no GPU left idle
+    every = ('. experiments/regime/settings.sh && for GPUS in 1 2 8; do for SHARE_CELLS in $(seq 40); do '
+             'echo "$GPUS $SHARE_CELLS $(share)"; done; done')  # settings.sh sourced once
+    done = subprocess.run(["bash", "-c", every], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 120, done.stdout + done.stderr
+    for line in done.stdout.splitlines():
+        gpus, cells, share = line.split()
+        gpus, cells, share = int(gpus), int(cells), float(share)
+        per_gpu = -(-cells // gpus)  # Ray puts a fractional share on a GPU with that much left
+        assert per_gpu * share <= 1.0, (cells, gpus, share)
+        assert share >= 0.99 / per_gpu - 0.001, (cells, gpus, share)  # no GPU left idle
 
 
 def test_pretraining_a_world_without_its_data_is_refused_before_any_cell_starts(tmp_path):

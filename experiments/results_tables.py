@@ -848,7 +848,12 @@ def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> No
     ax.set_xscale("log")
     xs = sorted({s["ratio"] for s in setting.values()})
     under = {setting[p]["ratio"]: n for p, n in (notes or {}).items() if p in setting}
-    ax.set_xticks(xs, [f"{x:.3g}" + (f"\n{under[x]}" if x in under else "") for x in xs], fontsize=8 if under else None)
+    # a note closer than 3x to the previous tick's (a log axis) drops a line, so the two don't overlap
+    labels, dropped = [], False
+    for i, x in enumerate(xs):
+        dropped = x in under and i > 0 and xs[i - 1] in under and x / xs[i - 1] < 3 and not dropped
+        labels.append(f"{x:.3g}" + ("\n" * (1 + dropped) + under[x] if x in under else ""))
+    ax.set_xticks(xs, labels, fontsize=8 if under else None)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("facts stated in pretraining text per transformer parameter")
     ax.set_ylabel("EaE − No-EaE (points, 95% interval over seeds)")

@@ -530,3 +530,28 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
         section = out.split(f"### {label}, paired by seed")[1].split("###")[0]
         row = next(r for r in section.splitlines() if r.startswith("| 5,000 | small |")).strip(" |").split(" | ")
         assert row[2 + column] == gap, (label, row)
+
+
+def test_the_figures_notes_under_close_ticks_do_not_overlap(tmp_path):
+    """draw: two points under 3x apart on the log axis (0.012 and 0.025, as 20k `medium` and 5k
+    `small`) put their notes on different lines; a third 4x further on goes back to the first."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    points = {((20000, 4), "medium"): 0.012, ((5000, 4), "small"): 0.025, ((20000, 4), "small"): 0.098}
+    setting = {p: {"ratio": r} for p, r in points.items()}
+    gaps = {(w, z, "qa_em"): (0.05, 0.02) for (w, z) in points}
+    notes = {p: f"note-{p[1]}-{p[0][0]}" for p in points}
+    tables.draw(setting, gaps, tmp_path / "f.svg", notes)
+    svg = (tmp_path / "f.svg").read_text()
+
+    def y(text):  # matplotlib writes each line of a tick label as its own <text>, placed by a translate
+        m = re.search(r'<text[^>]*transform="translate\(([-\d.]+) ([-\d.]+)\)[^>]*>' + re.escape(text) + "<", svg)
+        assert m, text
+        return float(m[2])
+
+    close, far = y("note-small-5000") - y("note-medium-20000"), y("note-small-20000") - y("note-medium-20000")
+    assert close > 5 and abs(far) < 1, (close, far)

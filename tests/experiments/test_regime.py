@@ -5,6 +5,7 @@ relaunched (the relaunch's exactness is tested on the job itself, test_pretrain.
 the top-K one (TOPK="", for time), the stores' archive and the tables printed from it
 (experiments/results_tables.py); the tables' pairing by seed on hand-set figures."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,6 +22,14 @@ def _tables(*args):
     """experiments/results_tables.py ARGS..., as a user runs it from the repository root."""
     return subprocess.run([sys.executable, str(REPO / "experiments" / "results_tables.py"), *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
+
+
+def _results_tables():
+    """experiments/results_tables.py as a module (experiments/ is not a package), for its functions."""
+    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables
 
 
 def _stage(name, env, *args):
@@ -132,11 +141,7 @@ def test_versus_pairs_each_model_with_itself_at_another_recipe_by_seed(capsys):
     """print_versus on hand-set per-seed figures: No-EaE's QA EM at one recipe − the same seeds
     at another (seed 3 only in the first: left out), and no row for a model the other lacks. By
     hand: gaps 3, 1, 2 points: mean 2, sd 1, half-width 4.303 x 1 / sqrt 3 = 2.5."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = _results_tables()
     world = (5000, 4)
 
     def group(seeds, qa_em):
@@ -504,11 +509,7 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
     reading every entity − EaE reading the top K (Table 7). By hand: gaps 10, 11,
     9 points: mean 10, sd 1, half-width 4.303 x 1 / sqrt 3 = 2.5; gaps -1, 2, -3: mean -0.7,
     sd 2.52, half-width 6.25; gaps -11, -9, -12: mean -10.7, sd 1.53, half-width 3.79."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = _results_tables()
     world = (5000, 1)
 
     def group(qa_em):  # QA test EM per seed 0, 1, 2; every other metric missing
@@ -535,12 +536,9 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
 def test_the_figures_notes_under_close_ticks_do_not_overlap(tmp_path):
     """draw: two points under 3x apart on the log axis (0.012 and 0.025, as 20k `medium` and 5k
     `small`) put their notes on different lines; a third 4x further on goes back to the first."""
-    import importlib.util
     import re
 
-    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = _results_tables()
     points = {((20000, 4), "medium"): 0.012, ((5000, 4), "small"): 0.025, ((20000, 4), "small"): 0.098}
     setting = {p: {"ratio": r} for p, r in points.items()}
     gaps = {(w, z, "qa_em"): (0.05, 0.02) for (w, z) in points}

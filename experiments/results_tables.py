@@ -546,10 +546,11 @@ def gap_cell(gap, lower_is_better: bool = False) -> str:
 def print_ablations(groups: dict) -> None:
     """EaE against its ablations, paired by seed, on every shared metric: EaE − EaE-unsup (no
     entity-linking supervision of the memory), EaE − MM and No-EaE − MM (the paper's Table 2
-    rows: EaE > MM, MM ≈ No-EaE); then ABLATIONS within EaE."""
+    rows: EaE > MM, MM ≈ No-EaE), EaE-unsup − No-EaE (what an unsupervised memory adds); then
+    ABLATIONS within EaE."""
     settings = sorted({(w, z) for (w, z, v) in groups if v == "eae"})
     for first, variant, label in (("eae", "eae_unsup", "EaE − EaE-unsup"), ("eae", "mm", "EaE − MM"),
-                                  ("no_eae", "mm", "No-EaE − MM")):
+                                  ("no_eae", "mm", "No-EaE − MM"), ("eae_unsup", "no_eae", "EaE-unsup − No-EaE")):
         rows = []
         for w, z in settings:
             one, other = groups.get((w, z, first)), groups.get((w, z, variant))
@@ -772,9 +773,10 @@ def best_recipes(by_recipe: dict[tuple, dict]) -> tuple[dict[tuple, list], dict]
 
 
 def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, dict]:
-    """Each model at its best recipe on dev QA EM, then EaE − No-EaE at those recipes on test,
-    paired by seed: a fair test of EaE's QA edge needs each model's own best recipe. Where the
-    pick on all of each recipe's seeds differs from the pick on the common ones, both pairs.
+    """Each model at its best recipe on dev QA EM, then EaE − No-EaE (and EaE − EaE-unsup, where
+    the stores hold it) at those recipes on test, paired by seed: a fair test of EaE's QA edge
+    needs each model's own best recipe. Where the pick on all of each recipe's seeds differs
+    from the pick on the common ones, both pairs.
     Returns the first pair's gaps, {(world, size, metric): gap}, and what each point's picks
     were, {(world, size): words}, for draw() (--figure)."""
     print("### Each model's recipes: QA dev EM picks one, test EM reported (mean over seeds [95% t-interval])\n")
@@ -787,33 +789,38 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
                  "QA dev EM, all its seeds", "QA test EM"], rows))
     print("\nThe pick: the best dev EM on the seeds every recipe of the model holds (on all its seeds when fewer than 3 are).\n")
     keys = ("qa_em", "qa_em_stated", "qa_em_unstated", "recall_stated", "masked_entity")
-    rows, gaps, notes = [], {}, {}
-    for (w, z) in sorted({(w, z) for (w, z, v) in ranked if v == "eae"}):
-        if (w, z, "no_eae") not in ranked:
-            continue
-        by_all = {v: max(ranked[(w, z, v)], key=lambda row: row[3]) for v in ("eae", "no_eae")}
-        first = (ranked[(w, z, "eae")][0], ranked[(w, z, "no_eae")][0])
-        # best_recipes falls back to all of a recipe's seeds where its recipes share fewer than 3
-        rule = "common seeds" if all(row[2] is not None for row in first) else "all its seeds (fewer than 3 in common)"
-        picks = [(rule, *first)]
-        if (by_all["eae"][0], by_all["no_eae"][0]) != (first[0][0], first[1][0]):
-            picks.append(("all its seeds", by_all["eae"], by_all["no_eae"]))
-        ratio = f"{setting[(w, z)]['ratio']:.3f}" if (w, z) in setting else "–"
-        for i, (rule, (re_, eae, *_), (rn, no, *_)) in enumerate(picks):
-            pair = {k: paired_gap(eae, k, no, k) for k in keys}
-            if i == 0:  # the figure: the pick on the common seeds (where they suffice)
-                gaps.update({(w, z, k): gap for k, gap in pair.items() if gap})
-                # the picks' table lr beside the point: rounds 19-21 turned points over with it
-                scale = [r[5].split("memory lr x")[1].split(",")[0] + "x" if "memory lr x" in r[5] else "1x"
-                         for r in (re_, rn)]
-                notes[(w, z)] = f"{z}, table " + (scale[0] if scale[0] == scale[1] else f"{scale[0]} / {scale[1]}")
-            rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
-                        + [gap_cell(pair[k]) for k in keys])
-    if rows:
-        print("### EaE − No-EaE, each at its best recipe on dev QA, paired by seed: mean gap [95% t-interval] (points)\n")
-        print(table(["world", "transformer", "facts / param", "picked on dev EM over", "EaE's recipe", "No-EaE's recipe"]
-                    + [METRICS[k][2] for k in keys], rows))
-        print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better; ~: the interval holds 0.\n")
+    gaps, notes = {}, {}
+    # EaE − EaE-unsup at the picks too (Table 2's ablation): each model at its own best QA recipe
+    for other, name in (("no_eae", "No-EaE"), ("eae_unsup", "EaE-unsup")):
+        rows = []
+        for (w, z) in sorted({(w, z) for (w, z, v) in ranked if v == "eae"}):
+            if (w, z, other) not in ranked:
+                continue
+            by_all = {v: max(ranked[(w, z, v)], key=lambda row: row[3]) for v in ("eae", other)}
+            first = (ranked[(w, z, "eae")][0], ranked[(w, z, other)][0])
+            # best_recipes falls back to all of a recipe's seeds where its recipes share fewer than 3
+            rule = "common seeds" if all(row[2] is not None for row in first) else "all its seeds (fewer than 3 in common)"
+            picks = [(rule, *first)]
+            if (by_all["eae"][0], by_all[other][0]) != (first[0][0], first[1][0]):
+                picks.append(("all its seeds", by_all["eae"], by_all[other]))
+            ratio = f"{setting[(w, z)]['ratio']:.3f}" if (w, z) in setting else "–"
+            for i, (rule, (re_, eae, *_), (rn, no, *_)) in enumerate(picks):
+                pair = {k: paired_gap(eae, k, no, k) for k in keys}
+                if not any(pair.values()):  # no seed in common (round 5's EaE-unsup against 10x EaE)
+                    continue
+                if i == 0 and other == "no_eae":  # the figure: the pick on the common seeds (where they suffice)
+                    gaps.update({(w, z, k): gap for k, gap in pair.items() if gap})
+                    # the picks' table lr beside the point: rounds 19-21 turned points over with it
+                    scale = [r[5].split("memory lr x")[1].split(",")[0] + "x" if "memory lr x" in r[5] else "1x"
+                             for r in (re_, rn)]
+                    notes[(w, z)] = f"{z}, table " + (scale[0] if scale[0] == scale[1] else f"{scale[0]} / {scale[1]}")
+                rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
+                            + [gap_cell(pair[k]) for k in keys])
+        if rows:
+            print(f"### EaE − {name}, each at its best recipe on dev QA, paired by seed: mean gap [95% t-interval] (points)\n")
+            print(table(["world", "transformer", "facts / param", "picked on dev EM over", "EaE's recipe", f"{name}'s recipe"]
+                        + [METRICS[k][2] for k in keys], rows))
+            print(f"\n✓: EaE better, the interval excludes 0; ✗: {name} better; ~: the interval holds 0.\n")
     return gaps, notes
 
 

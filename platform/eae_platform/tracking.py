@@ -58,6 +58,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -95,6 +96,8 @@ _TRANSIENT_CODES = {
 }  # fmt: skip
 
 _PREFIX = "[eae tracking]"
+# A new run's token, so that a retried create_run is found rather than repeated (_create_run)
+CREATE_REQUEST_TAG = "eae.create_request"
 
 
 def _artifact_root(uri: str) -> str | None:
@@ -445,11 +448,12 @@ class Tracker:
         self.experiment_id: str | None = None
         if run_id is None:
             all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+            all_tags[CREATE_REQUEST_TAG] = uuid.uuid4().hex
             deadline = time.monotonic() + open_wait_s
             while True:
                 try:
                     self.experiment_id = self._call(self._experiment_id, experiment)
-                    run = self._call(self._client.create_run, self.experiment_id, tags=all_tags, run_name=run_name)
+                    run = self._create_run(all_tags, run_name)
                     break
                 except Exception as exc:
                     if not _is_transient(exc):
@@ -700,6 +704,28 @@ class Tracker:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
             return self._client.get_experiment_by_name(name).experiment_id
+
+    def _create_run(self, tags: dict[str, str], run_name: str | None):
+        """The one run of this tracker's creation, whatever the retries. MLflow's create_run is
+        not idempotent: a request the server carried out but whose answer was lost (a server
+        killed mid-request, a timeout under load) is sent again, by MLflow's HTTP retries (every
+        method) or by the open_wait_s loop, and creates a second run (a sweep under a server
+        restart had 5 trial runs of 4). So each creation carries a token, the runs holding it are
+        this creation's, and all but the first are deleted."""
+        token = tags[CREATE_REQUEST_TAG]
+
+        def created():
+            runs = self._call(self._client.search_runs, [self.experiment_id],
+                              f"tags.`{CREATE_REQUEST_TAG}` = '{token}'")
+            return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+        runs = created()  # an earlier attempt's request may have been carried out
+        if not runs:
+            run = self._call(self._client.create_run, self.experiment_id, tags=tags, run_name=run_name)
+            runs = created() or [run]  # a store whose searches lag its writes
+        for extra in runs[1:]:
+            self._call(self._client.delete_run, extra.info.run_id)
+        return runs[0]
 
     def _call(self, fn, *args, **kwargs):
         """One MLflow call; transient failures of a non-HTTP store (a locked SQLite file) are

@@ -7,10 +7,13 @@ and is started and stopped by its process group id only."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -339,6 +342,58 @@ def test_a_new_run_waits_open_wait_s_for_a_restarting_server(server, tmp_path):
     tr.log_metrics({"train/loss": 1.0}, step=1)
     assert tr.close().ok
     assert MlflowClient(server.url).get_run(tr.run_id).info.status == "FINISHED"
+
+
+class _LosesAnAnswer(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of the real server: the first create_run it forwards is carried out by
+    the server, and its answer lost (the connection closed, as by a server killed mid-request)."""
+
+    upstream: str = ""
+    lost: list = []
+
+    def _forward(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        request = urllib.request.Request(self.upstream + self.path, data=body if self.command == "POST" else None,
+                                         method=self.command, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                status, answer = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, answer = e.code, e.read()
+        if self.path.endswith("/runs/create") and not self.lost:
+            self.lost.append(json.loads(body))
+            self.close_connection = True  # no answer: the client sees the connection dropped
+            return
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    do_GET = do_POST = do_PATCH = do_DELETE = _forward
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_run_whose_creation_answer_was_lost_is_created_once(server, tmp_path):
+    """create_run is not idempotent: its answer lost after the server created the run, MLflow's
+    HTTP retry sends it again. The tracker still makes one run (a sweep through a server restart
+    had made a fifth trial run of four)."""
+    handler = type("Proxy", (_LosesAnAnswer,), {"upstream": server.url, "lost": []})
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        tr = Tracker("eae-lost-answer", run_name="once", uri=f"http://127.0.0.1:{proxy.server_port}", spool_dir=tmp_path)
+        tr.log_metrics({"train/loss": 1.0}, step=1)
+        assert tr.close().ok
+    finally:
+        proxy.shutdown()
+    assert len(handler.lost) == 1  # the server did create a run whose answer never came
+    client = MlflowClient(server.url)
+    runs = client.search_runs([client.get_experiment_by_name("eae-lost-answer").experiment_id])
+    assert [(r.info.run_id, r.info.run_name, r.info.status) for r in runs] == [(tr.run_id, "once", "FINISHED")]
+    assert client.get_metric_history(tr.run_id, "train/loss")[0].value == 1.0
 
 
 def test_store_unreachable_from_the_start(tmp_path, capsys):

@@ -772,6 +772,26 @@ def best_recipes(by_recipe: dict[tuple, dict]) -> tuple[dict[tuple, list], dict]
     return ranked, setting
 
 
+def _picks(ranked: dict[tuple, list], w, z, other: str) -> list[tuple]:
+    """EaE's and `other`'s picks at the point (w, z), [(rule, EaE's row, other's row)]: the pick
+    on the seeds all of a model's recipes hold, then, where it differs, the pick on all seeds."""
+    by_all = {v: max(ranked[(w, z, v)], key=lambda row: row[3]) for v in ("eae", other)}
+    first = (ranked[(w, z, "eae")][0], ranked[(w, z, other)][0])
+    # best_recipes falls back to all of a recipe's seeds where its recipes share fewer than 3
+    rule = "common seeds" if all(row[2] is not None for row in first) else "all its seeds (fewer than 3 in common)"
+    picks = [(rule, *first)]
+    if (by_all["eae"][0], by_all[other][0]) != (first[0][0], first[1][0]):
+        picks.append(("all its seeds", by_all["eae"], by_all[other]))
+    return picks
+
+
+def _table_lr(*recipes: tuple) -> str:
+    """The picks' table lr, "10x" or "10x / 1x", written under the point (rounds 19-21 turned
+    points over with it)."""
+    scale = [r[5].split("memory lr x")[1].split(",")[0] + "x" if "memory lr x" in r[5] else "1x" for r in recipes]
+    return scale[0] if len(set(scale)) == 1 else " / ".join(scale)
+
+
 def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, dict]:
     """Each model at its best recipe on dev QA EM, then EaE − No-EaE (and EaE − EaE-unsup, where
     the stores hold it) at those recipes on test, paired by seed: a fair test of EaE's QA edge
@@ -796,24 +816,14 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
         for (w, z) in sorted({(w, z) for (w, z, v) in ranked if v == "eae"}):
             if (w, z, other) not in ranked:
                 continue
-            by_all = {v: max(ranked[(w, z, v)], key=lambda row: row[3]) for v in ("eae", other)}
-            first = (ranked[(w, z, "eae")][0], ranked[(w, z, other)][0])
-            # best_recipes falls back to all of a recipe's seeds where its recipes share fewer than 3
-            rule = "common seeds" if all(row[2] is not None for row in first) else "all its seeds (fewer than 3 in common)"
-            picks = [(rule, *first)]
-            if (by_all["eae"][0], by_all[other][0]) != (first[0][0], first[1][0]):
-                picks.append(("all its seeds", by_all["eae"], by_all[other]))
             ratio = f"{setting[(w, z)]['ratio']:.3f}" if (w, z) in setting else "–"
-            for i, (rule, (re_, eae, *_), (rn, no, *_)) in enumerate(picks):
+            for i, (rule, (re_, eae, *_), (rn, no, *_)) in enumerate(_picks(ranked, w, z, other)):
                 pair = {k: paired_gap(eae, k, no, k) for k in keys}
                 if not any(pair.values()):  # no seed in common (round 5's EaE-unsup against 10x EaE)
                     continue
                 if i == 0 and other == "no_eae":  # the figure: the pick on the common seeds (where they suffice)
                     gaps.update({(w, z, k): gap for k, gap in pair.items() if gap})
-                    # the picks' table lr beside the point: rounds 19-21 turned points over with it
-                    scale = [r[5].split("memory lr x")[1].split(",")[0] + "x" if "memory lr x" in r[5] else "1x"
-                             for r in (re_, rn)]
-                    notes[(w, z)] = f"{z}, table " + (scale[0] if scale[0] == scale[1] else f"{scale[0]} / {scale[1]}")
+                    notes[(w, z)] = f"{z}, table {_table_lr(re_, rn)}"
                 rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
                             + [gap_cell(pair[k]) for k in keys])
         if rows:

@@ -449,11 +449,11 @@ class Tracker:
         if run_id is None:
             all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
             all_tags[CREATE_REQUEST_TAG] = uuid.uuid4().hex
-            deadline = time.monotonic() + open_wait_s
+            deadline, retry = time.monotonic() + open_wait_s, False
             while True:
                 try:
                     self.experiment_id = self._call(self._experiment_id, experiment)
-                    run = self._create_run(all_tags, run_name)
+                    run = self._create_run(all_tags, run_name, retry)
                     break
                 except Exception as exc:
                     if not _is_transient(exc):
@@ -463,6 +463,7 @@ class Tracker:
                             f"cannot create an MLflow run: tracking store {self.uri} unreachable ({_short(exc)})"
                         ) from exc
                     time.sleep(1.0)
+                    retry = True
             self.run_id = run.info.run_id
         else:
             self.run_id = run_id
@@ -705,7 +706,7 @@ class Tracker:
                 raise
             return self._client.get_experiment_by_name(name).experiment_id
 
-    def _create_run(self, tags: dict[str, str], run_name: str | None):
+    def _create_run(self, tags: dict[str, str], run_name: str | None, retry: bool):
         """The one run of this tracker's creation, whatever the retries. MLflow's create_run is
         not idempotent: a request the server carried out but whose answer was lost (a server
         killed mid-request, a timeout under load) is sent again, by MLflow's HTTP retries (every
@@ -719,7 +720,7 @@ class Tracker:
                               f"tags.`{CREATE_REQUEST_TAG}` = '{token}'")
             return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
 
-        runs = created()  # an earlier attempt's request may have been carried out
+        runs = created() if retry else []  # an earlier attempt's request may have been carried out
         if not runs:
             run = self._call(self._client.create_run, self.experiment_id, tags=tags, run_name=run_name)
             runs = created() or [run]  # a store whose searches lag its writes

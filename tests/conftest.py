@@ -39,10 +39,6 @@ PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
 
-# Modules marked solo run alone beside a second pytest worker (tests/solo.py).
-pytest_plugins = ["tests.solo"]
-
-
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real local Ray cluster whose jobs get the repository as their working dir, as

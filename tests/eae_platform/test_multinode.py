@@ -35,10 +35,6 @@ from tests.conftest import free_port
 from tests.eae_platform.conftest import STEPS, WINDOWS, pretrain_overrides, trace_records
 from tests.eae_platform.serving_fixtures import make_model_dir, title
 
-# Its node kills are timed against Ray's own deadlines (a replacement node's `ray start` timed out
-# under the other pytest worker's load): the module runs alone (tests/conftest.py).
-pytestmark = pytest.mark.solo
-
 EAE = Path(sys.executable).parent / "eae"
 # Logical CPUs per node: a Train worker (0.5) and Ray Data's read task (1) fit on one node, two
 # Serve replicas of 1.5 do not (so that `eae serve` has to put one on each node).

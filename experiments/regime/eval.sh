@@ -4,7 +4,8 @@
 #                    [MASK] ."), split into facts pretraining read (their article is in the
 #                    training split: eval.stated_in) and the rest, beside the prior-only baseline;
 #                    for the real-text world `vital`: $REAL_PROBES (settings.sh)
-#   (EaE)            the same probes with the memory's output zeroed (eval.memory_off)
+#   (EaE)            the same probes with the memory's output zeroed (eval.memory_off_run:
+#                    the run lama-off-CELL, from the same process)
 #   eae eval masked  masked hyperlink prediction on the held-out test articles (Table 2),
 #                    5 maskings pooled
 #   (EaE) eae eval topk   the same with the memory reading only the top K entities ($TOPK, Table 7)
@@ -31,8 +32,15 @@ pids=()
 while read -r w z v s cell; do
   (
     export MLFLOW_TRACKING_URI; MLFLOW_TRACKING_URI=$(store "$cell")
-    once lama lama
-    ! has_memory "$v" || once lama-off lama --set eval.memory_off=true
+    # EaE: the probes again with its memory's output zeroed, as the run lama-off-$cell, from
+    # the same process (eval.memory_off_run: one model load). A study from before that option
+    # ran lama-off as an evaluation of its own: where its lama is done alone, so is lama-off.
+    lama_log="$STUDY/logs/lama-$cell.log"
+    if ! has_memory "$v"; then once lama lama
+    elif grep -q "^MLflow run:" "$lama_log" 2>/dev/null && ! grep -q "^MLflow run (memory off" "$lama_log"; then
+      once lama-off lama --set eval.memory_off=true
+    else once lama lama --set eval.memory_off_run="lama-off-$cell"
+    fi
     ! has_memory "$v" || [ -z "$TOPK" ] || once topk topk --set eval.ks="$TOPK"
     once masked masked
     # EaE on real text: the masked hyperlinks again with the memory's output zeroed (its probes

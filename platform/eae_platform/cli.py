@@ -412,6 +412,7 @@ def _eval(args: argparse.Namespace) -> int:
     def evaluation(config):
         summary = evaluate.run(config)
         summary.pop("rows", None)  # per-example rows stay in MLflow's artifacts
+        (summary.get("memory_off") or {}).pop("rows", None)
         return summary
 
     summary = _run_in_ray_task(evaluation, config, args)
@@ -419,6 +420,11 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"{key:<60} {value:.4f}" if isinstance(value, float) else f"{key:<60} {value}")
     for key, value in sorted((summary.get("skipped") or {}).items()):
         print(f"skipped {key}: {value}")
+    off = summary.get("memory_off")  # eval.memory_off_run: the second run, memory output zeroed
+    for key, value in sorted((off or {}).get("metrics", {}).items()):
+        print(f"memory off: {key:<49} {value:.4f}" if isinstance(value, float) else f"memory off: {key:<49} {value}")
+    if off:
+        print(f"MLflow run (memory off, {config.memory_off_run}):  {off['run_id']} in {config.mlflow_uri}")
     print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
     return 0
 

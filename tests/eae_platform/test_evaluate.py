@@ -128,7 +128,8 @@ def test_lama_probes(synth_pretrained, untrained, tmp_path):
 
 def test_memory_off_removes_what_the_memory_adds_and_nothing_else(synth_pretrained, tmp_path):
     """eval.memory_off: every prediction equals the same model's with W_b zeroed (X2 = 0), the
-    memory's reads are unchanged, and the predictions differ from the model's own."""
+    memory's reads are unchanged, and the predictions differ from the model's own;
+    eval.memory_off_run gives both runs from one process."""
     tmp, _, uri = synth_pretrained
     runs = {}
     for name, off in (("on", "false"), ("off", "true")):
@@ -155,6 +156,25 @@ def test_memory_off_removes_what_the_memory_adds_and_nothing_else(synth_pretrain
     save_model(EaEModel(dataclasses.replace(zeroed.config, use_entity_memory=False)), no_memory)
     with pytest.raises(ValueError, match="has no entity memory"):
         common.load(str(no_memory), uri, torch.device("cpu"), memory_off=True)
+    # eval.memory_off_run: both evaluations from one load, as two runs that equal the two above
+    both = lama.run(load_eval_config(None, [f"eval.mlflow_uri={uri}", "eval.run_name=lama-both",
+                                            "eval.memory_off_run=lama-both-off"], task="lama",
+                                     model=str(tmp / "model"), data=f"synth:{tmp / 'world'}"))
+    assert both["rows"] == on and both["memory_off"]["rows"] == off
+    assert both["memory_off"]["metrics"] == runs["off"]["metrics"] and both["metrics"] == runs["on"]["metrics"]
+    params = _metrics(uri, "lama-both-off").data.params
+    assert params["eval.memory_off"] == "true" and params["eval.memory_off_run"] == ""
+    assert _metrics(uri, "lama-both").data.params["eval.memory_off"] == "false"
+    # a model without a memory is refused before any run is logged; memory_off_run is lama's alone
+    nothing = [f"eval.mlflow_uri={uri}", "eval.run_name=lama-none", "eval.memory_off_run=lama-none-off"]
+    with pytest.raises(ValueError, match="memory_off_run: .* has no entity memory"):
+        lama.run(load_eval_config(None, nothing, task="lama", model=str(no_memory), data=f"synth:{tmp / 'world'}"))
+    client = MlflowClient(uri)
+    assert not client.search_runs([client.get_experiment_by_name("eae-eval").experiment_id],
+                                  filter_string="attributes.run_name LIKE 'lama-none%'")
+    for bad in (["eval.memory_off_run=x"], ["eval.memory_off_run=x", "eval.memory_off=true"]):
+        with pytest.raises(ValueError, match="memory_off_run is for task lama with its memory on"):
+            load_eval_config(None, bad, task="masked" if len(bad) == 1 else "lama")
 
 
 def _write_openentity(directory):

@@ -80,6 +80,10 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert model["memory_layer_norm"] is False, model
     evaluated = _stage("eval", env)
     assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
+    # EaE's probes with its memory's output zeroed come from its lama process (eval.memory_off_run)
+    eae_lama = (tmp_path / "study" / "logs" / "lama-w300r2-small-eae-s0.log").read_text()
+    assert "memory off: lama/synth/stated/entity_accuracy" in eae_lama and "(memory off, lama-off-w300r2-small-eae-s0)" in eae_lama
+    assert not list((tmp_path / "study" / "logs").glob("lama-off-*")), eae_lama
     archive = tmp_path / "stores.tar.xz"
     assert _stage("collect", env, str(archive)).returncode == 0
     tables = _tables(archive, "--figure", tmp_path / "regime.svg", "--versus", archive)

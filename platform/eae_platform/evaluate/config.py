@@ -46,6 +46,10 @@ class EvalConfig:
     # masked / lama: EaE's memory output X2 set to zero at every mention (the memory still reads,
     # and its reads are still scored), to measure what the predictions take from the memory
     memory_off: bool = False
+    # lama: the same probes scored a second time with the memory's output zeroed, logged as a run
+    # of this name (its config says memory_off=true): one process and one model load for both,
+    # where eval.memory_off takes a second `eae eval` (experiments/regime/eval.sh's EaE cells)
+    memory_off_run: str = ""
     # Entity typing / relation extraction fine-tuning (appendix; Table 9).
     lr: float = 3e-5
     steps: int = 700
@@ -70,6 +74,8 @@ class EvalConfig:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 < self.mask_rate <= 1 or not self.lr > 0 or not 0 <= self.label_smoothing < 1:
             problems.append("need 0 < mask_rate <= 1, lr > 0 and 0 <= label_smoothing < 1")
+        if self.memory_off_run and (self.task != "lama" or self.memory_off):
+            problems.append("memory_off_run is for task lama with its memory on (memory_off=false)")
         if self.max_batches < 0:
             problems.append(f"max_batches must be >= 0, got {self.max_batches}")
         try:

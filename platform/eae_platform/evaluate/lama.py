@@ -164,26 +164,43 @@ def aggregate(rows: list[dict]) -> dict[str, float]:
 
 
 def run(config) -> dict:
-    """`eae eval lama`: probes of config.data (a source spec, see probes.py) for config.model."""
-    import json
-    import tempfile
-    from pathlib import Path
+    """`eae eval lama`: probes of config.data (a source spec, see probes.py) for config.model;
+    with config.memory_off_run, again with the memory's output zeroed, as a run of that name."""
+    import dataclasses
 
     from eae_data.qa.resolve import AnswerResolver
-    from eae_platform.evaluate.common import device, load, tracker
+    from eae_platform.evaluate.common import device, load, silence_memory
     from eae_platform.evaluate.probes import load_probes
 
     dev = device()
     probe_set = load_probes(config.data, config.max_per_relation, config.seed, config.stated_in or None)
     model, vocab_dir = load(config.model, config.mlflow_uri, dev, config.memory_off)
+    if config.memory_off_run and model.entity_memory is None:  # before any run is logged
+        raise ValueError(f"eval.memory_off_run: {config.model} has no entity memory (model.use_entity_memory=false)")
     resolver = AnswerResolver.from_dir(vocab_dir) if model.entity_pred is not None and vocab_dir else None
     skipped = Counter(probe_set.skipped)
     encoded = encode_probes(probe_set.probes, WordPieceTokenizer(), model.config.max_length,
                             resolver.entity_id if resolver else (lambda name: None), skipped)
+    summary = _score_and_log(config, model, encoded, skipped, probe_set.available, dev)
+    if config.memory_off_run:
+        silence_memory(model, config.model)
+        off = dataclasses.replace(config, memory_off=True, memory_off_run="", run_name=config.memory_off_run)
+        summary["memory_off"] = _score_and_log(off, model, encoded, skipped, probe_set.available, dev)
+    return summary
+
+
+def _score_and_log(config, model, encoded, skipped: Counter, available: dict, dev) -> dict:
+    """Score the encoded probes and log them as config's MLflow run: {metrics, skipped, run_id, rows}."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from eae_platform.evaluate.common import tracker
+
     rows = score(model, encoded, dev, max(config.batch_size, 64))
     metrics = aggregate(rows)
     counts = {f"skipped/{k}": v for k, v in sorted(skipped.items())}
-    counts.update({f"lama/{k}/available": v for k, v in sorted(probe_set.available.items())})
+    counts.update({f"lama/{k}/available": v for k, v in sorted(available.items())})
     with tracker(config, {"eae.model": config.model}, model.config) as t:
         t.log_metrics({**metrics, **counts}, step=0)
         with tempfile.TemporaryDirectory() as tmp:

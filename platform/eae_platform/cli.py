@@ -415,15 +415,17 @@ def _eval(args: argparse.Namespace) -> int:
         (summary.get("memory_off") or {}).pop("rows", None)
         return summary
 
+    def show(metrics: dict, prefix: str = "") -> None:
+        for key, value in sorted(metrics.items()):
+            print(f"{prefix + key:<60} {value:.4f}" if isinstance(value, float) else f"{prefix + key:<60} {value}")
+
     summary = _run_in_ray_task(evaluation, config, args)
-    for key, value in sorted(summary["metrics"].items()):
-        print(f"{key:<60} {value:.4f}" if isinstance(value, float) else f"{key:<60} {value}")
+    show(summary["metrics"])
     for key, value in sorted((summary.get("skipped") or {}).items()):
         print(f"skipped {key}: {value}")
     off = summary.get("memory_off")  # eval.memory_off_run: the second run, memory output zeroed
-    for key, value in sorted((off or {}).get("metrics", {}).items()):
-        print(f"memory off: {key:<49} {value:.4f}" if isinstance(value, float) else f"memory off: {key:<49} {value}")
     if off:
+        show(off["metrics"], "memory off: ")
         print(f"MLflow run (memory off, {config.memory_off_run}):  {off['run_id']} in {config.mlflow_uri}")
     print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
     return 0

@@ -23,7 +23,7 @@ memory found whose facts are asked) and `memory_answer_accuracy` (at the masked 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -166,8 +166,6 @@ def aggregate(rows: list[dict]) -> dict[str, float]:
 def run(config) -> dict:
     """`eae eval lama`: probes of config.data (a source spec, see probes.py) for config.model;
     with config.memory_off_run, again with the memory's output zeroed, as a run of that name."""
-    import dataclasses
-
     from eae_data.qa.resolve import AnswerResolver
     from eae_platform.evaluate.common import device, load, silence_memory
     from eae_platform.evaluate.probes import load_probes
@@ -184,7 +182,7 @@ def run(config) -> dict:
     summary = _score_and_log(config, model, encoded, skipped, probe_set.available, dev)
     if config.memory_off_run:
         silence_memory(model, config.model)
-        off = dataclasses.replace(config, memory_off=True, memory_off_run="", run_name=config.memory_off_run)
+        off = replace(config, memory_off=True, memory_off_run="", run_name=config.memory_off_run)
         summary["memory_off"] = _score_and_log(off, model, encoded, skipped, probe_set.available, dev)
     return summary
 

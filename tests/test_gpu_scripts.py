@@ -201,3 +201,22 @@ def test_install_extra_installs_once_both_calls_parts_have_come(tmp_path):
     # a later call, carrying neither: the installed files stay on the path
     later = source(device_call(tmp_path, "call3", []))
     assert later.stdout == second.stdout.splitlines()[-1] + "\n", later.stdout + later.stderr
+
+
+def test_study_pauses_pretraining_before_the_stage_is_stopped(tmp_path):
+    """A margin under 60 s would set the cells' pause after the pretraining stage's `timeout`
+    (40 s before the deadline), killing them with nothing saved (round 36): the pause is moved to
+    60 s before the deadline, and said so, before anything is installed."""
+    def study(margin: int, stages: str) -> subprocess.CompletedProcess:
+        call = device_call(tmp_path, f"call-{margin}-{stages.replace(' ', '-')}", [])
+        env = {**os.environ, "PYTHON": sys.executable, "EAE_GPU_SITE": str(tmp_path / "site"),
+               "EAE_GPU_STAGE": str(tmp_path / "stage"), "STUDY": str(tmp_path / "study"), "OUT": str(call / "out"),
+               "EAE_STUDY_DEADLINE_S": "105", "EAE_STUDY_MARGIN_S": str(margin), "EAE_STUDY_STAGES": stages}
+        return subprocess.run(["scripts/gpu/study"], cwd=call, env=env, capture_output=True, text=True, timeout=60)
+
+    short = study(15, "pretrain finetune")
+    assert short.returncode == 3, short.stdout + short.stderr  # nothing carried: the install's clear error
+    assert "pretraining pauses at +45s, 60 s before the deadline, not EAE_STUDY_MARGIN_S=15" in short.stdout
+    for margin, stages in ((60, "pretrain"), (110, "pretrain"), (15, "finetune eval")):
+        run = study(margin, stages)
+        assert run.returncode == 3 and "pretraining pauses" not in run.stdout, run.stdout

@@ -812,7 +812,7 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
     gaps, notes = {}, {}
     # EaE − EaE-unsup at the picks too (Table 2's ablation): each model at its own best QA recipe
     for other, name in (("no_eae", "No-EaE"), ("eae_unsup", "EaE-unsup")):
-        rows = []
+        rows, empty = [], []
         for (w, z) in sorted({(w, z) for (w, z, v) in ranked if v == "eae"}):
             if (w, z, other) not in ranked:
                 continue
@@ -826,12 +826,26 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
                     notes[(w, z)] = f"{z}, table {_table_lr(re_, rn)}"
                 rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
                             + [gap_cell(pair[k]) for k in keys])
+                empty.extend(_why_empty(f"{world_label(w)}, {z} ({rule})", pair, {"EaE": eae, name: no}))
         if rows:
             print(f"### EaE − {name}, each at its best recipe on dev QA, paired by seed: mean gap [95% t-interval] (points)\n")
             print(table(["world", "transformer", "facts / param", "picked on dev EM over", "EaE's recipe", f"{name}'s recipe"]
                         + [METRICS[k][2] for k in keys], rows))
             print(f"\n✓: EaE better, the interval excludes 0; ✗: {name} better; ~: the interval holds 0.\n")
+            if empty:
+                print("".join(f"(–: {line})\n" for line in empty))
     return gaps, notes
+
+
+def _why_empty(where: str, pair: dict, picks: dict[str, dict]) -> list[str]:
+    """Why a gap at the picks is "–", said under the table: a picked run without the figure (round
+    36's No-EaE pick at 100k had QA runs only) or no seed where both picks have it."""
+    lacking = defaultdict(list)
+    for k, gap in pair.items():
+        if gap is None:
+            names = [n for n, g in picks.items() if all(x is None for x in g.get(k, []))]
+            lacking[" and ".join(f"{n}'s" for n in names) + " picked runs have none" if names else "the picks have it on no seed in common"].append(METRICS[k][2])
+    return [f"{where}: {'; '.join(metrics)}: {why}" for why, metrics in lacking.items()]
 
 
 def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> None:
@@ -845,6 +859,7 @@ def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> No
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.fonttype"] = "none"
+    plt.rcParams["svg.hashsalt"] = "eae"  # fixed element ids and (savefig below) no date: a rerun rewrites the same file
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     renderings = sorted({w[1] for (w, _, _) in gaps})
@@ -877,7 +892,7 @@ def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> No
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Date": None})
     print(f"figure: {path} ({drawn} points)")
 
 

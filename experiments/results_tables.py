@@ -843,8 +843,9 @@ def _why_empty(where: str, pair: dict, picks: dict[str, dict]) -> list[str]:
     lacking = defaultdict(list)
     for k, gap in pair.items():
         if gap is None:
-            names = [n for n, g in picks.items() if all(x is None for x in g.get(k, []))]
-            lacking[" and ".join(f"{n}'s" for n in names) + " picked runs have none" if names else "the picks have it on no seed in common"].append(METRICS[k][2])
+            names = [f"{n}'s" for n, g in picks.items() if all(x is None for x in g.get(k, []))]
+            why = " and ".join(names) + " picked runs have none" if names else "the picks have it on no seed in common"
+            lacking[why].append(METRICS[k][2])
     return [f"{where}: {'; '.join(metrics)}: {why}" for why, metrics in lacking.items()]
 
 

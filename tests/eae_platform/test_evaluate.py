@@ -17,6 +17,7 @@ from eae_data.constants import VOCAB_FILES
 from eae_data.qa.resolve import AnswerResolver
 from eae_data.tokenizer import WordPieceTokenizer
 from eae_model.checkpoint import load_model, save_model
+from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform import cli
 from eae_platform.evaluate import analysis, common, entity_typing, lama, masked, relations
@@ -42,6 +43,30 @@ def _metrics(uri, run_name):
     [run] = client.search_runs([client.get_experiment_by_name("eae-eval").experiment_id],
                                filter_string=f"attributes.run_name = '{run_name}'")
     return run
+
+
+def test_masked_metrics_give_the_model_no_entity_ids_and_score_as_the_model_given_them(synth_pretrained):
+    """The metrics need no loss, so masked_metrics gives the model the spans without their
+    entity ids (the linking losses' softmax over all N entities was ~90% of its GPU time at 100k
+    entities: benchmarks/bench_eval_shapes.py); the figures are those of the model given them."""
+    tmp, _, _ = synth_pretrained
+    model = load_model(tmp / "model")
+    batches = list(masked.split_batches(str(tmp / "data"), "dev", 16, 0, 0.2, model.config.num_entities))
+    given = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kwargs: given.append(kwargs["mentions"].entity_ids),
+                                           with_kwargs=True)
+    got = masked.masked_metrics(model, batches, torch.device("cpu"))
+    hook.remove()
+    assert len(given) == len(batches) and all(ids is None for ids in given)
+    sums = defaultdict(float)
+    with torch.no_grad():
+        for b in batches:  # the loop before: the model given the entity ids, its losses computed
+            out = model(b.input_ids, b.attention_mask, mentions=b.mentions, mlm_labels=b.mlm_labels)
+            assert "entity_pred" in out.losses
+            add_masked_prediction(sums, model, out, b.input_ids, b.mentions, b.mlm_labels)
+    want = {"tokens": sums["tokens"], "entities": sums["entities"], **masked_prediction_metrics(sums)}
+    assert want["entities"] > 20 and want["entity_accuracy"] > 0
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-6) for k in want), (got, want)
 
 
 def test_masked_and_topk_through_the_cli(synth_pretrained, untrained, capsys):

@@ -29,12 +29,11 @@ from collections import defaultdict
 
 import torch
 
+from eae_data.constants import MASK_TOKEN_ID
 from eae_model.config import config_from_values
 from eae_model.mentions import Mentions
 from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
 from eae_model.model import IGNORE, EaEModel
-
-MASK_TOKEN_ID = 103
 
 
 def make_batches(n: int, batch: int, min_length: int, max_length: int, num_entities: int, vocab: int,
@@ -123,6 +122,7 @@ def main() -> None:
             base = base or ms
             print(f"  {mode:36s} {ms:7.1f} ms/batch  {base / ms:5.2f}x  "
                   + " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+
 
 if __name__ == "__main__":
     main()

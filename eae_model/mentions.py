@@ -55,6 +55,12 @@ class Mentions:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return Mentions(move(self.batch_ids), move(self.starts), move(self.ends), move(self.entity_ids))
 
+    def spans(self) -> "Mentions":
+        """The same spans without their entity ids: a forward given them computes no
+        entity-linking loss (evaluation, where those losses' softmax over all N entities is
+        wasted work)."""
+        return Mentions(self.batch_ids, self.starts, self.ends)
+
     def linked(self) -> torch.Tensor:
         """[M] bool: mentions with a real entity (the only ones that get an EL loss)."""
         if self.entity_ids is None:

@@ -103,7 +103,7 @@ def score(model: EaEModel, encoded: list[EncodedProbe], device: torch.device, ba
             # mentions in position order (the memory's slots follow their starts)
             spans.append(sorted([e.answer_span] + ([e.subject_span] if e.subject_span else [])))
         m = Mentions.from_lists(spans)
-        out = model(ids.to(device), mask.to(device), mentions=Mentions(m.batch_ids, m.starts, m.ends, None).to(device))
+        out = model(ids.to(device), mask.to(device), mentions=m.spans().to(device))
         logits = model.token_logits(out.x4)  # [B, L, V]
         first = [sum(len(s) for s in spans[:b]) for b in range(len(chunk))]  # each probe's first mention row
         answer_rows = [first[b] + spans[b].index(e.answer_span) for b, e in enumerate(chunk)]

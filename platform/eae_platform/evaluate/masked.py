@@ -22,7 +22,6 @@ import pyarrow.parquet as pq
 import torch
 
 from eae_data.shards import shard_files
-from eae_model.mentions import Mentions
 from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
 from eae_model.model import EaEModel
 from eae_platform import task_stop
@@ -62,9 +61,8 @@ def masked_metrics(model: EaEModel, batches, device: torch.device, k: int | None
         # losses are a softmax over all N entities for the memory and for EntityPred, which at
         # 100k entities took ~90% of an H200's time in this loop (benchmarks/bench_eval_shapes.py).
         # The forward's outputs are the same; the metrics read the ids from batch.mentions.
-        m = batch.mentions
-        out = model(batch.input_ids, batch.attention_mask, mentions=Mentions(m.batch_ids, m.starts, m.ends),
-                    mlm_labels=batch.mlm_labels, **kwargs)
+        out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions.spans(), mlm_labels=batch.mlm_labels,
+                    **kwargs)
         add_masked_prediction(sums, model, out, batch.input_ids, batch.mentions, batch.mlm_labels)
     return {"tokens": sums["tokens"], "entities": sums["entities"], **masked_prediction_metrics(sums)}
 

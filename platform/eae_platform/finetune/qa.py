@@ -40,7 +40,6 @@ from eae_data.qa.resolve import AnswerResolver
 from eae_data.tokenizer import WordPieceTokenizer
 from eae_model.checkpoint import load_model, save_model
 from eae_model.model import EaEModel
-from eae_model.mentions import Mentions
 from eae_model.qa.encode import EncodedQuestion, QAEncoder
 from eae_platform import task_stop
 from eae_platform.finetune.config import FinetuneConfig
@@ -101,7 +100,7 @@ class QATask:
         size = self.config.eval_batch_size
         for i in range(0, len(encoded), size):
             batch = self.encoder.collate(encoded[i : i + size]).to(device)
-            mentions = Mentions(batch.mentions.batch_ids, batch.mentions.starts, batch.mentions.ends, None)
+            mentions = batch.mentions.spans()
             kwargs = {} if k is None else {"k": k}
             with _autocast(device):
                 out = model(batch.input_ids, batch.attention_mask, mentions=mentions, **kwargs)

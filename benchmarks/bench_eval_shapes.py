@@ -84,7 +84,7 @@ def run(model: EaEModel, batches, device: torch.device, entity_ids: bool) -> tup
     started = time.perf_counter()
     for ids, attention, m, labels in batches:
         ids, attention, labels = ids.to(device), attention.to(device), labels.to(device)
-        m = Mentions(m.batch_ids.to(device), m.starts.to(device), m.ends.to(device), m.entity_ids.to(device))
+        m = m.to(device)
         given = m if entity_ids else m.spans()
         out = model(ids, attention, mentions=given, mlm_labels=labels)
         add_masked_prediction(sums, model, out, ids, m, labels)  # its float()s wait for the GPU

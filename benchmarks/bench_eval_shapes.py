@@ -12,11 +12,14 @@ context is drawn from --min-length..max_length:
 
   1. with the entity ids, each batch at its own length (the loop before: the baseline);
   2. without them (masked_metrics now);
-  3. without them, every batch padded to max_length;
+  3. with them, every batch padded to max_length (pretraining's periodic dev evaluation before:
+     its batches have one length);
+  4. without them, padded (that evaluation now, eae_platform.pretrain.loop.evaluate);
 
 twice (the second pass has seen every length), each with its ratio to 1 and its metrics.
 
     python benchmarks/bench_eval_shapes.py [--preset small] [--entities 100000] [--batches 100] [--batch 128]
+    python benchmarks/bench_eval_shapes.py --batches 20 --batch 512   # one dev evaluation of round 19's recipe
 
 Pure PyTorch (eae_model alone): it runs on the lent GPU machines without the wheels.
 """
@@ -113,14 +116,15 @@ def main() -> None:
     for ids in (True, False):  # the padded shape's first call, out of the timing
         run(model, padded[:2], device, ids)
     modes = {"entity ids, own lengths (before)": (batches, True), "no entity ids, own lengths (now)": (batches, False),
-             f"no entity ids, padded to {config.max_length}": (padded, False)}
+             f"entity ids, padded to {config.max_length} (dev, before)": (padded, True),
+             f"no entity ids, padded to {config.max_length} (dev, now)": (padded, False)}
     for label in ("first pass", "second pass"):
         print(f"{label}:")
         base = None
         for mode, (bs, ids) in modes.items():
             ms, metrics = run(model, bs, device, ids)
             base = base or ms
-            print(f"  {mode:36s} {ms:7.1f} ms/batch  {base / ms:5.2f}x  "
+            print(f"  {mode:42s} {ms:7.1f} ms/batch  {base / ms:5.2f}x  "
                   + " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
 
 

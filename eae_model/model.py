@@ -144,11 +144,12 @@ class EaEModel(nn.Module):
     def table_call_sizes(self, mentions: Mentions, indices: TargetIndices) -> list[int]:
         """The mention counts of the entity-table calls that a forward given these mentions
         and indices makes, in order: the memory's (all mentions), then EntityPred's (the linked
-        ones when the mentions carry entity ids). What a sharded table's `expect` needs before
-        the forward."""
+        ones) when the mentions carry entity ids; without ids EntityPred's call has nothing to
+        compute (no loss; its predictions are the table's `top_k`) and a sharded table makes
+        none. What a sharded table's `expect` needs before the forward."""
         sizes = [len(mentions)] if self.entity_memory is not None else []
-        if self.entity_pred is not None:
-            sizes.append(len(indices.linked) if mentions.entity_ids is not None else len(mentions))
+        if self.entity_pred is not None and mentions.entity_ids is not None:
+            sizes.append(len(indices.linked))
         return sizes
 
     def forward(

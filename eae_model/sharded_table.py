@@ -574,6 +574,12 @@ class ShardedEntityTable(nn.Module):
         the loss (the EntityPred head). A collective: see the module docstring."""
         if k is not None and k < 1:
             raise ValueError("k must be None or >= 1")
+        if not retrieve and targets is None:
+            # Nothing asked: no retrieval, no loss (EntityPred given spans without entity ids,
+            # as in an evaluation, whose predictions are `top_k`). No collective either: every
+            # worker's forward takes this branch alike, as they run the same code on batches
+            # of the same kind (EaEModel.table_call_sizes counts no call here).
+            return TableOutput(retrieved=None, lse=None, gold=None, loss=None)
         counts = self._check(h, targets)
         plan = _Plan(
             comm=self._comm,

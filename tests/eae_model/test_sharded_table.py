@@ -372,3 +372,24 @@ def test_table_call_sizes_are_the_calls_a_training_forward_makes(entity_pred):
     run()
     with pytest.raises(RuntimeError, match="1 expected table call"):
         table.expect([[4]])
+    # The spans without entity ids (the evaluations): the memory's call alone; EntityPred,
+    # with no loss to compute, calls nothing (its predictions are top_k's)
+    table._expected.clear()
+    spans = mentions.spans()
+    assert model.table_call_sizes(spans, indices) == [4]
+    table.expect([[4]])
+    out = model(input_ids, mentions=spans, mlm_labels=labels, indices=indices)
+    table.expect([[4]])  # accepted: the forward made exactly the one call
+    assert set(out.losses) == {"mention", "mlm"}  # no linking loss
+
+
+def test_a_call_that_asks_for_nothing_computes_and_exchanges_nothing():
+    """retrieve=False without targets (EntityPred given spans without ids) returns at once, on
+    every worker alike: no count is taken from `expect` and none is exchanged."""
+    table = ShardedEntityTable(N, D)
+    table.expect([[3]])
+    out = table.attend(torch.randn(3, D), None, None, retrieve=False)
+    assert out.retrieved is None and out.lse is None and out.gold is None and out.loss is None
+    with pytest.raises(RuntimeError, match="1 expected table call"):  # still waiting for its call
+        table.expect([[3]])
+    assert table.attend(torch.randn(3, D), None, None, retrieve=True).retrieved.shape == (3, D)

@@ -1,13 +1,21 @@
 """Unit tests of the training loop's helpers that need no Ray: the entity table's memory
-footprint per worker, and the reductions over workers (gloo here; NCCL only on GPUs)."""
+footprint per worker, the reductions over workers (gloo here; NCCL only on GPUs), and the
+periodic dev evaluation over a sharded table."""
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from eae_platform.pretrain import loop
+from eae_model.config import load_config
+from eae_model.mentions import Mentions
+from eae_model.metrics import add_masked_prediction, masked_prediction_metrics
+from eae_model.model import IGNORE, EaEModel, TargetIndices
+from eae_model.sharded_table import ShardedEntityTable
+from eae_platform.pretrain import data, loop
 from eae_platform.pretrain.grad_sync import GradientSync
 from tests.eae_platform.gloo_workers import run_workers
 
@@ -210,3 +218,75 @@ def test_memory_lr_scale_must_be_positive():
 
     with pytest.raises(ValueError, match="memory_lr_scale must be positive, got 0"):
         load_pretrain_config(preset="tiny", overrides=["train.memory_lr_scale=0"])
+
+
+DEV_ENTITIES = 23
+
+
+class _RecordingTable(ShardedEntityTable):
+    """The sharded table, recording of each call whether it was given entity ids (a linking loss)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.given_ids: list[bool] = []
+
+    def attend(self, h, k=None, targets=None, retrieve=True):
+        self.given_ids.append(targets is not None)
+        return super().attend(h, k, targets, retrieve)
+
+    forward = attend
+
+
+def _dev_model(table: ShardedEntityTable | None = None) -> EaEModel:
+    """The same tiny EaE model in every process (its table: `table`, else the whole sharded table
+    of one process), E drawn from a fixed seed."""
+    torch.manual_seed(0)
+    config = load_config("tiny", overrides=[f"num_entities={DEV_ENTITIES}"])
+    table = table if table is not None else ShardedEntityTable(DEV_ENTITIES, config.entity_dim)
+    table.load_full(torch.randn(DEV_ENTITIES, config.entity_dim, generator=torch.Generator().manual_seed(1)))
+    return EaEModel(config, entity_table=table).eval()
+
+
+def _dev_batch(rank: int, config) -> data.Batch:
+    """Worker `rank`'s dev batch: 3 contexts, 7 mentions (one unlinked), 4 of them masked (their
+    first token [MASK]) and one more masked token."""
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(1000, config.vocab_size, (3, 16), generator=g)
+    mentions = Mentions.from_lists([[(1, 2), (5, 5), (9, 10)], [(3, 4), (8, 9)], [(2, 2), (6, 7)]],
+                                   [[3, -1, 20], [5, 7 + rank], [11, 0]])
+    labels = torch.full_like(ids, IGNORE)
+    for b, position in ((0, 1), (0, 5), (0, 9), (1, 3), (2, 6), (1, 12)):
+        labels[b, position], ids[b, position] = ids[b, position], config.mask_token_id
+    return data.Batch(torch.arange(3), ids, torch.ones_like(ids), labels, mentions, TargetIndices.of(labels, mentions))
+
+
+def _sharded_dev_evaluation(rank: int, world: int):
+    table = _RecordingTable(DEV_ENTITIES, load_config("tiny").entity_dim)
+    model = _dev_model(table)
+    return loop.evaluate(model, [_dev_batch(rank, model.config)], torch.device("cpu")), table.given_ids
+
+
+def test_the_dev_evaluation_over_a_sharded_table_equals_one_process_and_computes_no_linking_loss(tmp_path):
+    """Pretraining's periodic dev evaluation (`loop.evaluate`) on 2 gloo workers, each with its
+    half of E and its own batch, gives what one process gives on both batches with the whole
+    table, and what the forward given the entity ids (the linking losses computed) gives; no
+    table call on a worker was given entity ids."""
+    results = run_workers(_sharded_dev_evaluation, 2, tmp_path)
+    model = _dev_model()
+    batches = [_dev_batch(rank, model.config) for rank in (0, 1)]
+    one_process = loop.evaluate(model, batches, torch.device("cpu"))
+    sums = defaultdict(float)
+    model.eval()  # evaluate leaves it in training mode
+    with torch.no_grad():
+        for b in batches:  # the forward given the ids, as the evaluation was before
+            out = model(b.input_ids, b.attention_mask, mentions=b.mentions, mlm_labels=b.mlm_labels, indices=b.indices)
+            assert {"memory_el", "entity_pred"} <= set(out.losses)
+            add_masked_prediction(sums, model, out, b.input_ids, b.mentions, b.mlm_labels)
+    given_ids = {f"dev/{k}": v for k, v in masked_prediction_metrics(sums).items()}
+    assert set(one_process) == {"dev/entity_accuracy", "dev/token_accuracy", "dev/perplexity"}
+    assert sums["entities"] == 2 * 4 and sums["tokens"] == 2 * 6
+    for metrics, calls in results:
+        assert metrics.keys() == one_process.keys()
+        for key, value in one_process.items():
+            assert metrics[key] == pytest.approx(value, abs=1e-6) and given_ids[key] == pytest.approx(value, abs=1e-6)
+        assert calls and not any(calls), calls  # the memory's and EntityPred's, neither given ids

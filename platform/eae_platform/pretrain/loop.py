@@ -269,8 +269,13 @@ def evaluate(model: EaEModel, dev: data.DevBatches, device, new_step=lambda: Non
     for batch in dev:
         new_step()
         batch = batch.to(device)
-        out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions, mlm_labels=batch.mlm_labels,
-                    validate=False, indices=batch.indices)  # checked and found by data.collate
+        # The spans without their entity ids, as `eae eval masked` (evaluate/masked.py): the
+        # metrics need no loss, and the linking losses are softmaxes over all N entities (the
+        # memory's and EntityPred's: ~90% of an evaluation batch's time on an H200 at 100k
+        # entities, docs/performance.md). With the sharded table every worker drops them alike,
+        # so the workers make the same table calls. The metrics read the ids from batch.mentions.
+        out = model(batch.input_ids, batch.attention_mask, mentions=batch.mentions.spans(),
+                    mlm_labels=batch.mlm_labels, validate=False, indices=batch.indices)  # checked by data.collate
         add_masked_prediction(sums, model, out, batch.input_ids, batch.mentions, batch.mlm_labels)
     model.train()
     metrics = masked_prediction_metrics(_sum_over_workers({k: sums[k] for k in SUM_KEYS}))

@@ -248,8 +248,8 @@ def _dev_model(table: ShardedEntityTable | None = None) -> EaEModel:
 
 
 def _dev_batch(rank: int, config) -> data.Batch:
-    """Worker `rank`'s dev batch: 3 contexts, 7 mentions (one unlinked), 4 of them masked (their
-    first token [MASK]) and one more masked token."""
+    """Worker `rank`'s dev batch: 3 contexts, 7 mentions (one unlinked), 5 of them masked (their
+    first token [MASK]; 4 linked, the entity accuracy's) and one more masked token."""
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(1000, config.vocab_size, (3, 16), generator=g)
     mentions = Mentions.from_lists([[(1, 2), (5, 5), (9, 10)], [(3, 4), (8, 9)], [(2, 2), (6, 7)]],

@@ -571,14 +571,14 @@ class ShardedEntityTable(nn.Module):
         """The memory access for this worker's mentions: h [M_r, dim] pseudo entity embeddings,
         k the retrieval top-k (None or >= num_entities: softmax over all), targets [M_r] gold
         entity ids (-1 = unlinked) for the EL loss. retrieve=False computes only lse, gold and
-        the loss (the EntityPred head). A collective: see the module docstring."""
+        the loss (the EntityPred head), and without targets nothing. A collective (but for that
+        last case): see the module docstring."""
         if k is not None and k < 1:
             raise ValueError("k must be None or >= 1")
         if not retrieve and targets is None:
-            # Nothing asked: no retrieval, no loss (EntityPred given spans without entity ids,
-            # as in an evaluation, whose predictions are `top_k`). No collective either: every
-            # worker's forward takes this branch alike, as they run the same code on batches
-            # of the same kind (EaEModel.table_call_sizes counts no call here).
+            # Nothing asked (EntityPred given spans without entity ids, as in an evaluation,
+            # whose predictions are `top_k`), so no collective: every worker's forward takes
+            # this branch alike (EaEModel.table_call_sizes counts no call here).
             return TableOutput(retrieved=None, lse=None, gold=None, loss=None)
         counts = self._check(h, targets)
         plan = _Plan(

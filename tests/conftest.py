@@ -37,6 +37,11 @@ PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "test"}
 # run); 0.1 s here. Set before Ray starts; the `eae` commands the tests start inherit it, and
 # Ray Train passes it from the driver to its controller.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+# Ray Train's PreemptionWatcher (an actor of every run, watching for nodes that a cloud drains
+# before reclaiming them; a process that imports ray.train, ~2.7 CPU-seconds on the 2-core CI
+# machine) has nothing to watch on the tests' clusters, whose nodes are killed, never drained.
+# Off for every run the tests start, passed on as the setting above.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 @pytest.fixture(scope="session")

@@ -226,13 +226,14 @@ def test_fetch_wheels_refuses_to_start_without_the_real_text_studys_local_files(
     """Without .venv's gensim sample dump, or without WordNet's noun file, fetch-wheels stops
     before downloading anything, saying which file and how to get it (round 40 carried parts
     without the dump, and the study failed on the lent machine)."""
-    script = REPO / "scripts/gpu/fetch-wheels"
     out = tmp_path / "gpuwhl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    no_venv = subprocess.run([str(script), str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                             env={**env, "VENV_PY": str(tmp_path / "no-venv/bin/python")})
+
+    def fetch(**env):
+        return subprocess.run([str(REPO / "scripts/gpu/fetch-wheels"), str(out)], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+
+    no_venv = fetch(VENV_PY=str(tmp_path / "no-venv/bin/python"))
     assert no_venv.returncode == 1 and "gensim sample dump" in no_venv.stderr and "scripts/bootstrap" in no_venv.stderr
-    no_wordnet = subprocess.run([str(script), str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                                env={**env, "VENV_PY": sys.executable, "WORDNET": str(tmp_path / "data.noun")})
+    no_wordnet = fetch(VENV_PY=sys.executable, WORDNET=str(tmp_path / "data.noun"))
     assert no_wordnet.returncode == 1 and f"no {tmp_path / 'data.noun'}" in no_wordnet.stderr, no_wordnet.stderr
     assert not out.exists()  # nothing written, nothing downloaded

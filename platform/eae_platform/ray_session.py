@@ -39,10 +39,10 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     else:
         # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names.
         # With the dashboard (Ray's default where its packages are installed, as with ray[serve]),
-        # whose State API Ray Train's placement-group cleaner polls: without it a pretraining run
-        # logged "Failed to query Ray Train Controller actor state" every few seconds (~300
-        # lines in a 5-minute GPU run) and the cleaner could never clean up. On a free port of
-        # 127.0.0.1 that the workers are told (see _STATE_API below).
+        # whose State API the workers ask (see _STATE_API below): without it Ray Train's
+        # placement-group cleaner logged "Failed to query Ray Train Controller actor state" every
+        # few seconds (~300 lines in a 5-minute GPU run). On a free port of 127.0.0.1 that the
+        # workers are told.
         # Token authentication: Ray 2.60's default for a new local cluster (RAY_AUTH_MODE
         # unset). Not set here: RAY_AUTH_MODE written into os.environ after Ray has read its
         # config turns the cluster's check on but not this driver's token (tested: it cannot
@@ -56,13 +56,14 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     return ray
 
 
-# _STATE_API: Ray Train's placement-group cleaner (an actor of every `eae pretrain`) asks the
-# State API whether the run's controller is alive, at an address it finds on its own: RAY_ADDRESS
-# or RAY_API_SERVER_ADDRESS in its environment, else /tmp/ray/ray_current_cluster, the cluster
-# `ray start` last wrote there. With another cluster on the machine (a `ray start` head, a
-# stale file, the test suite's) it asked that one: each check hung up to 10 s, every run's end
-# waited 15 s for the cleaner, and a cleaner answered "no such actor" by a live cluster would
-# remove the run's placement group. Both variables name this process's own cluster.
+# _STATE_API: Ray's State API clients in the workers (Ray Data's hanging-task detector, in the
+# Train workers that stream shards; Ray Train's placement-group cleaner, in every run of a
+# trainer other than `eae pretrain`'s, job._trainer_class) find the cluster on their own:
+# RAY_ADDRESS or RAY_API_SERVER_ADDRESS in their environment, else /tmp/ray/ray_current_cluster,
+# the cluster `ray start` last wrote there. With another cluster on the machine (a `ray start`
+# head, a stale file, the test suite's) they asked that one: the cleaner's checks hung up to
+# 10 s, every run's end waited 15 s for it, and a cleaner answered "no such actor" by a live
+# cluster would remove the run's placement group. Both variables name this process's own cluster.
 
 
 def _free_port() -> int:

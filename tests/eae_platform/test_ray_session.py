@@ -19,7 +19,7 @@ dashboard = ray._private.worker.get_dashboard_url()  # no public API names it
 print("dashboard", dashboard)
 
 @ray.remote(num_cpus=0)
-def in_a_worker():  # where Ray Train's placement-group cleaner asks whether a run is alive
+def in_a_worker():  # where Ray Data's and Ray Train's State API clients run
     import os
     return os.environ.get("RAY_API_SERVER_ADDRESS")
 print("workers-state-api", ray.get(in_a_worker.remote()))
@@ -33,9 +33,9 @@ except urllib.error.HTTPError as exc:
 
 def test_a_new_local_cluster_answers_the_state_api_and_refuses_a_client_without_its_token():
     """Without an address, connect() starts a local cluster with the dashboard, whose State API
-    Ray Train's placement-group cleaner polls during every run (without it the cleaner logged a
-    warning every few seconds and could never clean up). Token authentication is on and the
-    dashboard listens on 127.0.0.1 only: its HTTP API answers the token's holder (the State
+    the workers ask (Ray Data's hanging-task detector; Ray Train's placement-group cleaner, which
+    logged a warning every few seconds without it). Token authentication is on and the dashboard
+    listens on 127.0.0.1 only: its HTTP API answers the token's holder (the State
     API call) and refuses a request without it (401). The Ray settings of the environment are
     left out, so that the defaults are what is tested. In a process of its own: this session's
     cluster (tests/conftest.py) is already connected here."""
@@ -60,10 +60,11 @@ print(ray.get(ray.remote(num_cpus=0)(lambda: os.environ.get("RAY_ADDRESS")).remo
 
 
 def test_the_workers_of_a_cluster_named_by_its_address_are_told_that_address(ray_cluster):
-    """connect(address): the job's workers get RAY_ADDRESS, so that Ray Train's placement-group
-    cleaner asks this cluster's State API whether a run is alive, not whichever cluster
-    /tmp/ray/ray_current_cluster names (a `ray start` head, a stale file): asked there, it hung
-    15 s at each run's end, and an answer "no such actor" would remove a live run's workers."""
+    """connect(address): the job's workers get RAY_ADDRESS, so that their State API clients
+    (ray_session._STATE_API) ask this cluster, not whichever cluster
+    /tmp/ray/ray_current_cluster names (a `ray start` head, a stale file): asked there, Ray
+    Train's placement-group cleaner hung 15 s at each run's end, and its answer "no such actor"
+    would remove a live run's workers."""
     address = ray_cluster.get_runtime_context().gcs_address
     done = subprocess.run([sys.executable, "-c", ADDRESS_PROBE, address], cwd=REPO, capture_output=True, text=True,
                           timeout=300)

@@ -181,7 +181,7 @@ def _fit(config: PretrainConfig, channel, mlflow_run_id: str):
     for note in (gpu_note(config, resources.get("GPU", 0)), ray_data_cpu_note(config, resources.get("CPU", 0))):
         if note:
             print(note, flush=True)
-    trainer = TorchTrainer(
+    trainer = _trainer_class(TorchTrainer)(
         train_loop_per_worker,
         train_loop_config={**config.to_dict(), "progress": channel, "mlflow_run_id": mlflow_run_id},
         scaling_config=ScalingConfig(
@@ -194,6 +194,27 @@ def _fit(config: PretrainConfig, channel, mlflow_run_id: str):
         run_config=RunConfig(name=t.name, storage_path=t.storage_path, failure_config=FailureConfig(max_failures=t.max_failures)),
     )
     return trainer.fit()
+
+
+def _trainer_class(torch_trainer: type) -> type:
+    """TorchTrainer without two of the actors Ray Train 2.60 starts for every run, which
+    pretraining does not use: the DatasetManager (Ray Data's shards, made even for a trainer
+    given no datasets; our workers read their own shards, eae_platform.pretrain.data) and the
+    detached PlacementGroupCleaner (it frees the run's placement group if the controller dies
+    while its driver lives on; the placement group is the job's, and `eae pretrain` is a job of
+    its own that ends with the run, so Ray frees it then). Each is a process importing ray.train,
+    ~3 CPU-seconds a launch on a 2-core machine (docs/perf/test-durations-cpu-2026-12-05.txt).
+    Ray Train has no switch for either: this filters its default callbacks, a private method,
+    so tests/eae_platform/test_pretrain.py fails if a Ray upgrade renames what it relies on."""
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class PretrainTrainer(torch_trainer):
+        def _create_default_callbacks(self):
+            unused = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
+            return [c for c in super()._create_default_callbacks() if not isinstance(c, unused)]
+
+    return PretrainTrainer
 
 
 def _finish_mlflow(config: PretrainConfig, tracker: Tracker, checkpoint: Path) -> dict:

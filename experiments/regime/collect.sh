@@ -9,7 +9,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=$(realpath -m "${1:?usage: collect.sh OUT.tar.xz}")
 mkdir -p "$(dirname "$out")"
 # every store without its artifacts (models, checkpoints), except the QA runs' predictions
-# (predictions/test.jsonl: accuracy by answer frequency, Figure 3)
+# (predictions/test.jsonl: accuracy by answer frequency, Figure 3), copied and slimmed to the
+# fields results_tables.py reads (slim_predictions.py: a tenth of the archive)
+staged=$(mktemp -d)
+trap 'rm -rf "$staged"' EXIT
 (cd "$STUDY" && find mlruns -type f \( ! -path '*/artifacts/*' -o -path '*/artifacts/predictions/test.jsonl' \) -print0) |
-  tar -C "$STUDY" --null -T - -cf - | xz -T0 > "$out"
+  tar -C "$STUDY" --null -T - -cf - | tar -C "$staged" -xf -
+"$PYTHON" experiments/regime/slim_predictions.py "$staged" >&2 ||  # a failure here must not lose the archive
+  say "slim_predictions.py failed: the archive keeps its predictions whole"
+tar -C "$staged" -cf - mlruns | xz -T0 > "$out"
 say "$(du -h "$out" | cut -f1) $out ($(ls "$STUDY/mlruns" | wc -l) cell stores)"

@@ -108,9 +108,17 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert eae["EaE masked entity acc, K=1"] == "–" and "### EaE, K at inference" not in out
     assert "### EaE, memory output zeroed at evaluation" in out
     with tarfile.open(archive) as tar:  # the QA runs' predictions travel for accuracy by answer frequency
-        kept = [n for n in tar.getnames() if "/artifacts/" in n]
+        kept = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if "/artifacts/" in m.name and m.isfile()}
     assert kept and all(n.endswith("/artifacts/predictions/test.jsonl") for n in kept), kept
     assert len(kept) == 2
+    # slimmed to what the tables read (slim_predictions.py), a line per question as the study's own
+    # store, which keeps every field
+    for name, text in kept.items():
+        whole = (tmp_path / "study" / name).read_text().splitlines()
+        slim = [json.loads(line) for line in text.splitlines()]
+        assert len(slim) == len(whole) > 0 and {"question", "top_k"} <= json.loads(whole[0]).keys()
+        assert [tuple(r) for r in slim] == [("id", "answer_id", "prediction_id", "correct")] * len(slim), slim[:2]
+        assert [r["correct"] for r in slim] == [json.loads(line)["correct"] for line in whole]
     gap = out.split("### EaE − No-EaE")[1]
     assert "| 300, facts stated 2x | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
     assert (tmp_path / "regime.svg").stat().st_size > 1000

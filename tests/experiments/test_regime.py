@@ -171,6 +171,52 @@ def test_versus_pairs_each_model_with_itself_at_another_recipe_by_seed(capsys):
     assert rows[0][column] == "+2.0 [-0.5, +4.5] ~ (seeds=3)", rows[0]
 
 
+def test_an_archive_is_read_inside_the_tar_as_mlflow_reads_the_store_unpacked(tmp_path, monkeypatch):
+    """read_archive (the tar's members, never unpacked) against read_cells through MlflowClient on
+    the same stores unpacked, on what MLflow 3 writes: a metric's latest value by step then time,
+    names with "/", a rerun under one name (the later start wins), a deleted run and a deleted
+    experiment (both left out), a QA run's predictions, a cell with no runs, a folder that is no cell."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tables = _results_tables()
+    cell = "w300r2-small-eae-s0"
+    client = MlflowClient(f"file://{tmp_path / 'mlruns' / cell}")
+    experiment = client.create_experiment("regime-pretrain")
+    pre = client.create_run(experiment, run_name=cell, start_time=1000).info.run_id
+    client.log_metric(pre, "dev/em", 0.5, step=5, timestamp=10)
+    client.log_metric(pre, "dev/em", 0.9, step=3, timestamp=20)  # later, but an earlier step
+    client.log_metric(pre, "loss", 2.0, step=7, timestamp=30)
+    client.log_metric(pre, "loss", 1.5, step=7, timestamp=40)
+    client.log_param(pre, "train/lr", "0.001")
+    client.set_terminated(pre, "FINISHED")
+    for start, status, em in ((2000, "FAILED", 0.1), (3000, "FINISHED", 0.3)):  # QA run twice: the rerun wins
+        qa = client.create_run(experiment, run_name="qa-" + cell, start_time=start).info.run_id
+        client.log_metric(qa, "test/em", em)
+        client.set_terminated(qa, status)
+    (tmp_path / "test.jsonl").write_text('{"id": "q1", "correct": true}\n')
+    client.log_artifact(qa, str(tmp_path / "test.jsonl"), "predictions")
+    gone = client.create_run(experiment, run_name="lama-" + cell, start_time=4000).info.run_id
+    client.delete_run(gone)
+    trashed = client.create_experiment("trashed")
+    client.create_run(trashed, run_name="masked-" + cell, start_time=5000)
+    client.delete_experiment(trashed)
+    MlflowClient(f"file://{tmp_path / 'mlruns' / 'w300r2-small-no_eae-s0'}").search_experiments()  # no runs
+    MlflowClient(f"file://{tmp_path / 'mlruns' / 'scratch'}").create_experiment("not a cell")
+    archive = tmp_path / "stores.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(tmp_path / "mlruns", "mlruns")
+
+    read = tables.read_archive(archive)
+    assert read == tables.read_cells(tmp_path / "mlruns")
+    assert sorted(read) == [cell, "w300r2-small-no_eae-s0"] and read["w300r2-small-no_eae-s0"] == {}
+    runs = read[cell]
+    assert sorted(runs) == ["qa-" + cell, cell], runs
+    assert runs[cell]["metrics"] == {"dev/em": 0.5, "loss": 1.5} and runs[cell]["params"] == {"train/lr": "0.001"}
+    assert runs["qa-" + cell]["status"] == "FINISHED" and runs["qa-" + cell]["metrics"] == {"test/em": 0.3}
+    assert runs["qa-" + cell]["predictions"] == [{"id": "q1", "correct": True}]
+
+
 def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, monkeypatch):
     """print_real_text on real MLflow stores of the real-text worlds' cells (`wvital-...`, and
     `wvital50-...` for its 50 most frequent entities, as the stage scripts name them), with set

@@ -255,8 +255,8 @@ def read_archive(path: Path) -> dict[str, dict[str, dict]]:
     <cell>/<experiment>/meta.yaml, <cell>/<experiment>/<run>/meta.yaml (run_name, status,
     lifecycle_stage, start_time), a metric's latest value by (step, timestamp, value) among its
     "timestamp value [step]" lines, params/ and tags/ (names may hold "/"); deleted runs and
-    experiments (in <cell>/.trash) left out, as search_runs leaves them. tests/experiments/test_regime.py checks it
-    against MlflowClient on a store MLflow writes."""
+    experiments (in <cell>/.trash) left out, as search_runs leaves them.
+    tests/experiments/test_regime.py checks it against MlflowClient on a store MLflow writes."""
     import yaml
     from mlflow.entities import RunStatus
 
@@ -973,6 +973,9 @@ def main() -> None:
     missing = [str(p) for p in args.stores + args.versus if not p.exists()]
     if missing:
         parser.error(f"no such store: {', '.join(missing)}")
+    if unread := [str(p) for p in args.stores + args.versus
+                  if p.is_file() and p.suffix != ".db" and not tarfile.is_tarfile(p)]:
+        parser.error(f"not an archive of cell stores (experiments/regime/collect.sh writes one): {', '.join(unread)}")
     if any("=" not in a for a in args.answer_frequency):
         parser.error("--answer-frequency takes WORLD=DATA_DIR, e.g. 5000r4=runs/regime/data/w5000r4")
     data_dirs = {w: Path(d) for w, d in (a.split("=", 1) for a in args.answer_frequency)}

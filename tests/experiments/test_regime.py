@@ -217,6 +217,13 @@ def test_an_archive_is_read_inside_the_tar_as_mlflow_reads_the_store_unpacked(tm
     assert runs["qa-" + cell]["predictions"] == [{"id": "q1", "correct": True}]
 
 
+def test_a_file_that_is_no_archive_is_refused_in_a_line(tmp_path):
+    (tmp_path / "stores.tar.xz").write_text("not a tar\n")
+    refused = _tables(tmp_path / "stores.tar.xz")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"not an archive of cell stores (experiments/regime/collect.sh writes one): {tmp_path / 'stores.tar.xz'}" in refused.stderr
+
+
 def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, monkeypatch):
     """print_real_text on real MLflow stores of the real-text worlds' cells (`wvital-...`, and
     `wvital50-...` for its 50 most frequent entities, as the stage scripts name them), with set

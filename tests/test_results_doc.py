@@ -1,8 +1,8 @@
 """docs/results.md's headline is what experiments/results_tables.py prints from the committed
-stores, not figures typed by hand: the best-recipe section's command, run as written (its figure
-to a temporary file), prints that section's tables line for line and draws the committed figure
-byte for byte, and the summary table at the top quotes the gaps of its second table; the claims
-table's real-text row quotes its stores' gaps.
+stores, not figures typed by hand: the commands of the best-recipe section and of the first
+grid's tables, run as written (figures to a temporary file), print those sections' tables line
+for line and draw the committed figures byte for byte; the summary table at the top quotes
+their gaps, and the claims table's real-text row its stores'.
 """
 
 from __future__ import annotations
@@ -41,6 +41,17 @@ def _gap(cell: str) -> tuple[str, ...]:
     return match.groups()
 
 
+def _gap_rows(table: str) -> dict[tuple[str, str], dict[str, str]]:
+    """A gap table's rows by (world, transformer), each {column: cell}."""
+    head, _, *rows = [line.strip(" |").split(" | ") for line in table.splitlines()]
+    return {(r[0], r[1]): dict(zip(head, r)) for r in rows}
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index("\n" + heading)
+    return text[start:text.index("\n## ", start + 1)]
+
+
 def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_stores(tmp_path):
     text = DOC.read_text()
     [command] = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--best-recipe $R/regime-round3" in b]
@@ -52,9 +63,7 @@ def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_
     assert run.returncode == 0, run.stderr
     printed = _tables(run.stdout)
 
-    section = text[text.index("\n## Each model at its best recipe"):]
-    section = section[:section.index("\n## ", 1)]
-    shown = _tables(section)
+    shown = _tables(_section(text, "## Each model at its best recipe"))
     assert len(shown) == 3, shown
     for table in shown:  # the first line of each that the script did not print
         assert table in printed, next(line for line in table.splitlines() if line not in run.stdout)
@@ -62,8 +71,7 @@ def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_
 
     # the summary's 10x rows: each model at its pick, EaE − No-EaE (the gap table's 5 points)
     [gaps] = [t for t in shown if "| No-EaE's recipe |" in t.splitlines()[0]]
-    head, _, *rows = [line.strip(" |").split(" | ") for line in gaps.splitlines()]
-    by_point = {(r[0], r[1]): dict(zip(head, r)) for r in rows}
+    by_point = _gap_rows(gaps)
     summary = text[:text.index("\n## The status in detail")]
     points = [line.strip(" |").split(" | ") for line in summary.splitlines() if line.startswith("| 10x: ")]
     assert len(points) == len(by_point) == 5, (points, sorted(by_point))
@@ -99,3 +107,41 @@ def test_the_summary_s_real_text_gaps_are_printed_from_their_stores():
         pair = next(dict(zip(head, line.strip(" |").split(" | "))) for line in paired if "| EaE − No-EaE |" in line)
         printed = pair["masked entity acc (test articles)"]
         assert _gap(printed)[:3] == gap[:3], (store, printed, gap)
+
+
+def test_the_first_grid_s_tables_figure_and_the_summary_s_1x_row_are_printed_from_the_committed_stores(tmp_path):
+    """"The tables, as printed from the stores": its command, as written but for Figure 3's data
+    (--answer-frequency reads the 5k world's shards, which a rebuild of minutes would make),
+    prints the section's other tables line for line and draws docs/results/regime.svg byte for
+    byte. The summary's 1x row quotes the masked gap of that section (18 seeds at lr 1e-3 x
+    2,000) and QA and fact recall at each model's pick then, round 10's command (10 seeds)."""
+    text = DOC.read_text()
+    section = _section(text, "## The tables, as printed from the stores")
+    [command] = re.findall(r"`(\.venv/bin/python experiments/results_tables\.py docs/results/regime-pilot[^`]*)`", section)
+    figure = tmp_path / "regime.svg"
+    command, n = re.subn(r" --answer-frequency \S+", "", command.replace("--figure docs/results/regime.svg", f"--figure {figure}"))
+    assert n == 1 and str(figure) in command, command
+    run = subprocess.run(["bash", "-c", command.replace(".venv/bin/python", sys.executable)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    shown = [t for t in _tables(section) if not t.startswith("| transformer | answer's mentions |")]
+    assert len(shown) == 10, len(shown)
+    for table in shown:
+        assert table in run.stdout, next(line for line in table.splitlines() if line not in run.stdout)
+    assert figure.read_bytes() == (REPO / "docs" / "results" / "regime.svg").read_bytes()
+
+    [round10] = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if b.startswith("export STUDY=/tmp/r10 ")]
+    tables = round10[round10.index("R=docs/results"):].replace(".venv/bin/python", sys.executable)
+    tables = re.sub(r"--figure \S+", f"--figure {tmp_path / 'r10.svg'}", tables)
+    picks = subprocess.run(["bash", "-c", tables], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert picks.returncode == 0, picks.stderr
+    point = ("5,000, facts stated 4x", "medium")
+    first = _gap_rows(next(t for t in _tables(run.stdout) if t.startswith("| world | transformer | facts / param |")))[point]
+    picked = _gap_rows(next(t for t in _tables(picks.stdout) if t.startswith("| world | transformer | facts / param |")))[point]
+    summary = text[:text.index("\n## The status in detail")]
+    [row] = [line.strip(" |").split(" | ") for line in summary.splitlines() if line.startswith("| 1x: 5k, `medium`")]
+    qa, recall, masked = row[1:]
+    assert _gap(qa) == _gap(picked["QA test EM"]) and "(10)" in qa and "(seeds=10)" in picked["QA test EM"], (qa, picked)
+    assert _gap(recall) == _gap(picked["fact recall, facts pretraining read"]) and "(10)" in recall, (recall, picked)
+    masked_printed = first["masked entity acc (test articles)"]
+    assert _gap(masked) == _gap(masked_printed) and "(seeds=18)" in masked_printed, (masked, masked_printed)

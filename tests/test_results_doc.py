@@ -52,28 +52,38 @@ def _section(text: str, heading: str) -> str:
     return text[start:text.index("\n## ", start + 1)]
 
 
+def _summary(text: str) -> str:
+    """The one screen at the top of docs/results.md."""
+    return text[:text.index("\n## The status in detail")]
+
+
+def _run(command: str) -> str:
+    """A doc's command, run from the repository root with this interpreter for .venv/bin/python;
+    its stdout."""
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", command.replace(".venv/bin/python", sys.executable)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
 def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_stores(tmp_path):
     text = DOC.read_text()
     [command] = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--best-recipe $R/regime-round3" in b]
     assert command.count(".venv/bin/python") == 1 and command.count(FIGURE) == 1, command
     figure = tmp_path / "regime-best-recipe.svg"
-    command = command.replace(".venv/bin/python", sys.executable).replace(FIGURE, str(figure))
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr
-    printed = _tables(run.stdout)
+    out = _run(command.replace(FIGURE, str(figure)))
+    printed = _tables(out)
 
     shown = _tables(_section(text, "## Each model at its best recipe"))
     assert len(shown) == 3, shown
     for table in shown:  # the first line of each that the script did not print
-        assert table in printed, next(line for line in table.splitlines() if line not in run.stdout)
+        assert table in printed, next(line for line in table.splitlines() if line not in out)
     assert figure.read_bytes() == (REPO / "docs" / "results" / "regime-best-recipe.svg").read_bytes()
 
     # the summary's 10x rows: each model at its pick, EaE − No-EaE (the gap table's 5 points)
     [gaps] = [t for t in shown if "| No-EaE's recipe |" in t.splitlines()[0]]
     by_point = _gap_rows(gaps)
-    summary = text[:text.index("\n## The status in detail")]
-    points = [line.strip(" |").split(" | ") for line in summary.splitlines() if line.startswith("| 10x: ")]
+    points = [line.strip(" |").split(" | ") for line in _summary(text).splitlines() if line.startswith("| 10x: ")]
     assert len(points) == len(by_point) == 5, (points, sorted(by_point))
     for point, *cells in points:
         size, ratio = re.fullmatch(r"10x: \d+k, `(\w+)` \((\d\.\d+)\)", point).groups()
@@ -94,15 +104,12 @@ REAL_TEXT = ("real-text-vital-minilm-gpu-3600-memlr10-2026-11-30", "real-text-vi
 
 def test_the_summary_s_real_text_gaps_are_printed_from_their_stores():
     text = DOC.read_text()
-    summary = text[:text.index("\n## The status in detail")]
-    [row] = [line for line in summary.splitlines() if line.startswith("| EaE > No-EaE on real text")]
+    [row] = [line for line in _summary(text).splitlines() if line.startswith("| EaE > No-EaE on real text")]
     quoted = [_gap(iv) for iv in re.findall(r"[+−-]\d+\.\d \[[+−-]\d+\.\d, [+−-]\d+\.\d\]", row)]
     assert len(quoted) == len(REAL_TEXT), row
     for store, gap in zip(REAL_TEXT, quoted, strict=True):
-        run = subprocess.run([sys.executable, "experiments/results_tables.py", f"docs/results/{store}.mlruns.tar.xz"],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr
-        paired = run.stdout.split("### Paired by seed")[1].splitlines()
+        out = _run(f".venv/bin/python experiments/results_tables.py docs/results/{store}.mlruns.tar.xz")
+        paired = out.split("### Paired by seed")[1].splitlines()
         head = next(line for line in paired if line.startswith("| world |")).strip(" |").split(" | ")
         pair = next(dict(zip(head, line.strip(" |").split(" | "))) for line in paired if "| EaE − No-EaE |" in line)
         printed = pair["masked entity acc (test articles)"]
@@ -121,25 +128,19 @@ def test_the_first_grid_s_tables_figure_and_the_summary_s_1x_row_are_printed_fro
     figure = tmp_path / "regime.svg"
     command, n = re.subn(r" --answer-frequency \S+", "", command.replace("--figure docs/results/regime.svg", f"--figure {figure}"))
     assert n == 1 and str(figure) in command, command
-    run = subprocess.run(["bash", "-c", command.replace(".venv/bin/python", sys.executable)], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    out = _run(command)
     shown = [t for t in _tables(section) if not t.startswith("| transformer | answer's mentions |")]
     assert len(shown) == 10, len(shown)
     for table in shown:
-        assert table in run.stdout, next(line for line in table.splitlines() if line not in run.stdout)
+        assert table in out, next(line for line in table.splitlines() if line not in out)
     assert figure.read_bytes() == (REPO / "docs" / "results" / "regime.svg").read_bytes()
 
     [round10] = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if b.startswith("export STUDY=/tmp/r10 ")]
-    tables = round10[round10.index("R=docs/results"):].replace(".venv/bin/python", sys.executable)
-    tables = re.sub(r"--figure \S+", f"--figure {tmp_path / 'r10.svg'}", tables)
-    picks = subprocess.run(["bash", "-c", tables], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert picks.returncode == 0, picks.stderr
+    picks = _run(re.sub(r"--figure \S+", f"--figure {tmp_path / 'r10.svg'}", round10[round10.index("R=docs/results"):]))
     point = ("5,000, facts stated 4x", "medium")
-    first = _gap_rows(next(t for t in _tables(run.stdout) if t.startswith("| world | transformer | facts / param |")))[point]
-    picked = _gap_rows(next(t for t in _tables(picks.stdout) if t.startswith("| world | transformer | facts / param |")))[point]
-    summary = text[:text.index("\n## The status in detail")]
-    [row] = [line.strip(" |").split(" | ") for line in summary.splitlines() if line.startswith("| 1x: 5k, `medium`")]
+    first = _gap_rows(next(t for t in _tables(out) if t.startswith("| world | transformer | facts / param |")))[point]
+    picked = _gap_rows(next(t for t in _tables(picks) if t.startswith("| world | transformer | facts / param |")))[point]
+    [row] = [line.strip(" |").split(" | ") for line in _summary(text).splitlines() if line.startswith("| 1x: 5k, `medium`")]
     qa, recall, masked = row[1:]
     assert _gap(qa) == _gap(picked["QA test EM"]) and "(10)" in qa and "(seeds=10)" in picked["QA test EM"], (qa, picked)
     assert _gap(recall) == _gap(picked["fact recall, facts pretraining read"]) and "(10)" in recall, (recall, picked)

@@ -32,8 +32,10 @@ import statistics
 import tarfile
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow.tracking import MlflowClient
+if TYPE_CHECKING:  # imported where used: an archive's tables need no MLflow (~2 s to import)
+    from mlflow.tracking import MlflowClient
 
 VARIANTS = ("eae", "no_eae", "mm", "eae_unsup")
 
@@ -247,6 +249,10 @@ def read_cells(path: Path) -> dict[str, dict[str, dict]]:
     return cells
 
 
+# mlflow.entities.RunStatus as FileStore persists it in meta.yaml (a missing status reads RUNNING)
+RUN_STATUS = {1: "RUNNING", 2: "SCHEDULED", 3: "FINISHED", 4: "FAILED", 5: "KILLED"}
+
+
 def read_archive(path: Path) -> dict[str, dict[str, dict]]:
     """read_cells of a collect.sh archive, read inside the tar. MLflow reads a file store only
     from a directory, and unpacking one (a file per param and metric: ~7,000 for 10 cells) took
@@ -258,7 +264,6 @@ def read_archive(path: Path) -> dict[str, dict[str, dict]]:
     experiments (in <cell>/.trash) left out, as search_runs leaves them.
     tests/experiments/test_regime.py checks it against MlflowClient on a store MLflow writes."""
     import yaml
-    from mlflow.entities import RunStatus
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where PyYAML has it: 5x faster
     runs: dict[tuple, dict[str, bytes]] = defaultdict(dict)  # (cell, experiment, run) -> {path in it: bytes}
@@ -293,7 +298,7 @@ def read_archive(path: Path) -> dict[str, dict[str, dict]]:
             # FileStore._get_metric_from_line: a step only in a 3-field line (5 fields: step 0)
             metrics[key] = max((int(p[2]) if len(p) == 3 else 0, int(p[0]), float(p[1])) for p in points)[2]
         entry = {"metrics": metrics, "params": folder(run, "params"),
-                 "status": RunStatus.to_string(meta.get("status", RunStatus.RUNNING))}
+                 "status": RUN_STATUS[meta.get("status", 1)]}
         if (kept := run.get("artifacts/predictions/test.jsonl")) is not None:  # collect.sh keeps a QA run's
             entry["predictions"] = [json.loads(line) for line in kept.decode().splitlines() if line]
         name = meta.get("run_name") or folder(run, "tags").get("mlflow.runName")
@@ -986,6 +991,8 @@ def main() -> None:
             parser.error(f"--answer-frequency: no train shards under {', '.join(empty)} (give a world's `eae data build` "
                          "directory: STUDY=runs/regime WORLDS=<world> experiments/regime/data.sh rebuilds it)")
     if all(p.suffix == ".db" for p in args.stores):
+        from mlflow.tracking import MlflowClient
+
         synth = MlflowClient(f"sqlite:///{args.stores[0]}")
         synthetic(synth)
         analysis(synth)

@@ -249,7 +249,8 @@ def read_cells(path: Path) -> dict[str, dict[str, dict]]:
     return cells
 
 
-# mlflow.entities.RunStatus as FileStore persists it in meta.yaml (a missing status reads RUNNING)
+# mlflow.entities.RunStatus as FileStore persists it in meta.yaml (a missing status reads RUNNING);
+# a copy, as importing MLflow's enum imports all of mlflow (~2 s) for five names
 RUN_STATUS = {1: "RUNNING", 2: "SCHEDULED", 3: "FINISHED", 4: "FAILED", 5: "KILLED"}
 
 
@@ -286,9 +287,10 @@ def read_archive(path: Path) -> dict[str, dict[str, dict]]:
 
     found: dict[str, list] = defaultdict(list)
     for (cell, experiment, run_id), run in runs.items():
-        meta = yaml.load(run.get("meta.yaml", b""), Loader=loader) if (cell, experiment) in experiments else None
-        if cell not in cells or not isinstance(meta, dict) or meta.get("run_id") != run_id \
-                or str(meta.get("experiment_id")) != experiment:
+        if cell not in cells or (cell, experiment) not in experiments:
+            continue  # not a cell's store, or a deleted experiment's run
+        meta = yaml.load(run.get("meta.yaml", b""), Loader=loader)
+        if not isinstance(meta, dict) or meta.get("run_id") != run_id or str(meta.get("experiment_id")) != experiment:
             continue  # not a run's folder (a logged model's, say)
         if meta.get("lifecycle_stage", "active") != "active":
             continue

@@ -99,7 +99,7 @@ def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_
 
 # the summary's real-text row quotes, in order, EaE − No-EaE on masked entity acc of these stores
 REAL_TEXT = ("real-text-vital-minilm-gpu-3600-memlr10-2026-11-30", "real-text-vital-minilm-gpu-7200-memlr10-2026-11-30",
-             "real-text-vital2000-minilm-gpu-7200-memlr10-2026-12-05")
+             "real-text-vital2000-minilm-gpu-7200-memlr10-seeds10-14-2026-12-05")
 
 
 def test_the_summary_s_real_text_gaps_are_printed_from_their_stores():

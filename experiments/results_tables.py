@@ -523,6 +523,8 @@ def print_answer_frequency(cells: dict, data_dirs: dict[str, Path]) -> None:
 def print_tables(cells: dict, figure: Path | None) -> dict:
     """Every regime table; returns summarize's groups (for --versus)."""
     groups, setting = summarize(cells)
+    if not groups:  # real-text stores only: their tables are print_real_text's, not empty ones here
+        return groups
     print("### Settings\n")
     rows = []
     for (w, z), s in sorted(setting.items()):

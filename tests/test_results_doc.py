@@ -2,7 +2,8 @@
 stores, not figures typed by hand: the commands of the best-recipe section and of the first
 grid's tables, run as written (figures to a temporary file), print those sections' tables line
 for line and draw the committed figures byte for byte; the summary table at the top quotes
-their gaps, and the claims table's real-text row its stores'.
+their gaps, and the claims table's real-text row its stores'; every interval of the real-text
+section's tables is printed by that section's commands.
 """
 
 from __future__ import annotations
@@ -114,6 +115,27 @@ def test_the_summary_s_real_text_gaps_are_printed_from_their_stores():
         pair = next(dict(zip(head, line.strip(" |").split(" | "))) for line in paired if "| EaE − No-EaE |" in line)
         printed = pair["masked entity acc (test articles)"]
         assert _gap(printed)[:3] == gap[:3], (store, printed, gap)
+
+
+INTERVAL = re.compile(r"[+-]?\d+\.\d \[[+-]?\d+\.\d, [+-]?\d+\.\d\]")  # "x [lo, hi]": a mean or a gap
+
+
+def test_the_real_text_section_s_intervals_are_printed_by_its_commands():
+    """Every "x [lo, hi]" in the real-text section's tables is printed from the committed stores
+    by the section's results_tables.py commands (a table's columns may quote another round's
+    block; the tables put metrics as rows, so they are checked cell by cell, not line for line);
+    a model's mean may drop its "± sd"."""
+    section = _section(DOC.read_text(), "## Real text (2026-11-28)")
+    parts = re.split(r"```bash\n(.*?)```", section, flags=re.S)
+    printed, intervals = "", INTERVAL.findall("\n".join(_tables(parts[0])))
+    for block, after in zip(parts[1::2], parts[2::2], strict=True):
+        commands = [line.split(" #")[0] for line in re.sub(r"\\\n\s*", " ", block).splitlines()
+                    if re.search(r"results_tables\.py (\$R|docs/results)/", line)]  # not a store the reader makes
+        printed += "".join(_run("R=docs/results; " + c) for c in commands)
+        intervals += INTERVAL.findall("\n".join(_tables(after)).replace("−", "-").replace("**", ""))
+    printed += re.sub(r" ± \d+\.\d", "", printed)
+    assert len(intervals) > 150, intervals  # the section's tables, found
+    assert not (missing := [iv for iv in intervals if iv not in printed]), missing
 
 
 def test_the_first_grid_s_tables_figure_and_the_summary_s_1x_row_are_printed_from_the_committed_stores(tmp_path):

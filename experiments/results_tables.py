@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import tarfile
 from collections import Counter, defaultdict
@@ -1027,4 +1028,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # `| head` ends the tables quietly, as a shell tool stops, not in a BrokenPipeError traceback
+    if hasattr(signal, "SIGPIPE"):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()

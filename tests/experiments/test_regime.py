@@ -224,6 +224,18 @@ def test_a_file_that_is_no_archive_is_refused_in_a_line(tmp_path):
     assert f"not an archive of cell stores (experiments/regime/collect.sh writes one): {tmp_path / 'stores.tar.xz'}" in refused.stderr
 
 
+def test_tables_piped_to_head_end_without_a_traceback():
+    """`results_tables.py STORE | head -1`, as a reader looks at a committed store: the first
+    line, and nothing on stderr once head has closed the pipe (`head -c 0` closes it before the
+    tables print, so that a BrokenPipeError traceback shows every time, not only when head wins
+    the race to close it after the first line)."""
+    store = REPO / "docs" / "results" / "real-text-vital2000-minilm-gpu-7200-memlr10-seeds10-14-2026-12-05.mlruns.tar.xz"
+    for head, first in (("head -1", "## Real text"), ("head -c 0", "")):
+        piped = subprocess.run(["bash", "-c", f"'{sys.executable}' experiments/results_tables.py '{store}' | {head}"], cwd=REPO,
+                               capture_output=True, text=True, timeout=300)
+        assert piped.stdout.startswith(first) and piped.stderr == "", (head, piped.stderr)
+
+
 def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, monkeypatch):
     """print_real_text on real MLflow stores of the real-text worlds' cells (`wvital-...`, and
     `wvital50-...` for its 50 most frequent entities, as the stage scripts name them), with set

@@ -42,9 +42,14 @@ def _gap(cell: str) -> tuple[str, ...]:
     return match.groups()
 
 
+def _cells(line: str) -> list[str]:
+    """A markdown table row's cells."""
+    return line.strip(" |").split(" | ")
+
+
 def _gap_rows(table: str) -> dict[tuple[str, str], dict[str, str]]:
     """A gap table's rows by (world, transformer), each {column: cell}."""
-    head, _, *rows = [line.strip(" |").split(" | ") for line in table.splitlines()]
+    head, _, *rows = [_cells(line) for line in table.splitlines()]
     return {(r[0], r[1]): dict(zip(head, r)) for r in rows}
 
 
@@ -84,7 +89,7 @@ def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_
     # the summary's 10x rows: each model at its pick, EaE − No-EaE (the gap table's 5 points)
     [gaps] = [t for t in shown if "| No-EaE's recipe |" in t.splitlines()[0]]
     by_point = _gap_rows(gaps)
-    points = [line.strip(" |").split(" | ") for line in _summary(text).splitlines() if line.startswith("| 10x: ")]
+    points = [_cells(line) for line in _summary(text).splitlines() if line.startswith("| 10x: ")]
     assert len(points) == len(by_point) == 5, (points, sorted(by_point))
     for point, *cells in points:
         size, ratio = re.fullmatch(r"10x: \d+k, `(\w+)` \((\d\.\d+)\)", point).groups()
@@ -110,9 +115,8 @@ def test_the_summary_s_real_text_gaps_are_printed_from_their_stores():
     assert len(quoted) == len(REAL_TEXT), row
     for store, gap in zip(REAL_TEXT, quoted, strict=True):
         out = _run(f".venv/bin/python experiments/results_tables.py docs/results/{store}.mlruns.tar.xz")
-        paired = out.split("### Paired by seed")[1].splitlines()
-        head = next(line for line in paired if line.startswith("| world |")).strip(" |").split(" | ")
-        pair = next(dict(zip(head, line.strip(" |").split(" | "))) for line in paired if "| EaE − No-EaE |" in line)
+        head, _, *rows = _tables(out.split("### Paired by seed")[1])[0].splitlines()
+        pair = next(dict(zip(_cells(head), _cells(row))) for row in rows if "| EaE − No-EaE |" in row)
         printed = pair["masked entity acc (test articles)"]
         assert _gap(printed)[:3] == gap[:3], (store, printed, gap)
 
@@ -165,7 +169,7 @@ def test_the_first_grid_s_tables_figure_and_the_summary_s_1x_row_are_printed_fro
     point = ("5,000, facts stated 4x", "medium")
     first = _gap_rows(next(t for t in _tables(out) if t.startswith("| world | transformer | facts / param |")))[point]
     picked = _gap_rows(next(t for t in _tables(picks) if t.startswith("| world | transformer | facts / param |")))[point]
-    [row] = [line.strip(" |").split(" | ") for line in _summary(text).splitlines() if line.startswith("| 1x: 5k, `medium`")]
+    [row] = [_cells(line) for line in _summary(text).splitlines() if line.startswith("| 1x: 5k, `medium`")]
     qa, recall, masked = row[1:]
     assert _gap(qa) == _gap(picked["QA test EM"]) and "(10)" in qa and "(seeds=10)" in picked["QA test EM"], (qa, picked)
     assert _gap(recall) == _gap(picked["fact recall, facts pretraining read"]) and "(10)" in recall, (recall, picked)

@@ -437,8 +437,9 @@ def pretraining_pair(g: dict, other: dict) -> str:
 
 def print_real_text(cells: dict, versus: dict | None = None, label: str = "") -> None:
     """The real-text world's tables: every figure per model (mean ± sd over seeds [95%
-    t-interval], prior-only baseline, probes or questions), EaE − No-EaE paired by seed, EaE
-    against its memory output zeroed, and with `versus` (the cells of other stores: another
+    t-interval], prior-only baseline, probes or questions), EaE and EaE-unsup paired by seed with
+    No-EaE and with each other, each memory model against its memory output zeroed (and that
+    against No-EaE), and with `versus` (the cells of other stores: another
     recipe) each model against itself there, paired by seed."""
     groups = real_groups(cells)
     if not groups:
@@ -452,14 +453,22 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
     print(table(["world", "transformer", "model", "seeds", "steps x batch", "QA steps x batch at lr"] + [REAL[k][2] for k in REAL],
                 rows) + "\n")
     rows = []
+    names = {"eae": "EaE", "eae_unsup": "EaE-unsup", "no_eae": "No-EaE"}
     for w, z in sorted({(w, z) for w, z, _ in groups}):
-        eae, no = groups.get((w, z, "eae")), groups.get((w, z, "no_eae"))
-        if eae and no:
-            rows.append([w, z, "EaE − No-EaE"] + [gap_cell(paired_gap(eae, k, no, k), k == "masked_ppl") for k in shared])
-        if eae:
-            rows.append([w, z, "EaE − EaE with its memory output zeroed"]
-                        + [gap_cell(paired_gap(eae, k, eae, f"memory_off_{k}")) if f"memory_off_{k}" in REAL else "–"
-                           for k in shared])
+        for first, second in (("eae", "no_eae"), ("eae_unsup", "no_eae"), ("eae", "eae_unsup")):
+            a, b = groups.get((w, z, first)), groups.get((w, z, second))
+            if a and b:
+                rows.append([w, z, f"{names[first]} − {names[second]}"]
+                            + [gap_cell(paired_gap(a, k, b, k), k == "masked_ppl") for k in shared])
+        for v in ("eae", "eae_unsup"):  # what the memory's output adds at inference, and what is left without it
+            if g := groups.get((w, z, v)):
+                rows.append([w, z, f"{names[v]} − {names[v]} with its memory output zeroed"]
+                            + [gap_cell(paired_gap(g, k, g, f"memory_off_{k}")) if f"memory_off_{k}" in REAL else "–"
+                               for k in shared])
+            if (g := groups.get((w, z, v))) and (no := groups.get((w, z, "no_eae"))):
+                rows.append([w, z, f"{names[v]} with its memory output zeroed − No-EaE"]
+                            + [gap_cell(paired_gap(g, f"memory_off_{k}", no, k)) if f"memory_off_{k}" in REAL else "–"
+                               for k in shared])
     print("### Paired by seed: mean gap [95% t-interval] (points)\n")
     print(table(["world", "transformer", "pair"] + [REAL[k][2] for k in shared], rows) + "\n")
     other = real_groups(versus or {})
@@ -763,11 +772,14 @@ def recipe_label(r: tuple) -> str:
 
 def memory_label(params: dict) -> str:
     """A pretraining run's memory settings where they are not the paper's: ", memory lr x10"
-    (train.memory_lr_scale: the entity table and the memory at 10 x the lr) and ", X3 = X2 + X1"
-    (model.memory_layer_norm off); "" for the paper's (and runs from before these settings)."""
+    (train.memory_lr_scale: the entity table and the memory at 10 x the lr), ", X3 = X2 + X1"
+    (model.memory_layer_norm off) and ", memory EL weight 0.1" (model.weight_memory_el, the
+    memory's entity-linking loss); "" for the paper's (and runs from before these settings)."""
     scale = float(params.get("train.memory_lr_scale", 1))
+    weight = float(params.get("model.weight_memory_el", 1))
     return ("" if scale == 1 else f", memory lr x{scale:g}") + (
-        ", X3 = X2 + X1" if params.get("model.memory_layer_norm", "True").lower() == "false" else "")
+        ", X3 = X2 + X1" if params.get("model.memory_layer_norm", "True").lower() == "false" else "") + (
+        "" if weight == 1 else f", memory EL weight {weight:g}")
 
 
 def lr_label(lr: float) -> str:

@@ -41,7 +41,7 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
            "WORLDS": "300r2", "SEEDS": "0", "STEPS": "20", "LOG_EVERY": "10", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli",
-           "MEMORY_LR_SCALE": "2", "MEMORY_LAYER_NORM": "false", "SHUFFLE_ROWS": "false"}
+           "MEMORY_LR_SCALE": "2", "MEMORY_LAYER_NORM": "false", "MEMORY_EL_WEIGHT": "0.5", "SHUFFLE_ROWS": "false"}
     assert _stage("data", env).returncode == 0
     # a deadline already past (STOP_AT, train.deadline): every cell pauses at its first log
     # window (step 10), and the stage exits 10; run again, each continues from there
@@ -71,13 +71,13 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert [r.info.run_name for r in runs] == ["qa-w300r2-small-no_eae-s0"], runs
     assert runs[0].data.params["finetune.init"] == str(tmp_path / "study" / "models" / "w300r2-small-no_eae-s0")
     assert float(runs[0].data.params["finetune.lr"]) == 3e-4 and not (tmp_path / "qa3e-4" / "models").exists()
-    # MEMORY_LR_SCALE, MEMORY_LAYER_NORM and SHUFFLE_ROWS reach every cell's pretraining (and its model)
+    # MEMORY_LR_SCALE, MEMORY_LAYER_NORM, MEMORY_EL_WEIGHT and SHUFFLE_ROWS reach every cell's pretraining (and its model)
     store = MlflowClient(f"file://{tmp_path / 'study' / 'mlruns' / 'w300r2-small-eae-s0'}")
     pre = store.search_runs([e.experiment_id for e in store.search_experiments()], "attributes.run_name = 'w300r2-small-eae-s0'")
     assert [float(r.data.params["train.memory_lr_scale"]) for r in pre] == [2.0], pre
     assert [r.data.params["train.shuffle_rows"].lower() for r in pre] == ["false"], pre  # rounds 1-8's file order
     model = json.loads((tmp_path / "study" / "models" / "w300r2-small-eae-s0" / "config.json").read_text())
-    assert model["memory_layer_norm"] is False, model
+    assert model["memory_layer_norm"] is False and model["weight_memory_el"] == 0.5, model
     evaluated = _stage("eval", env)
     assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
     # EaE's probes with its memory's output zeroed come from its lama process (eval.memory_off_run)
@@ -253,19 +253,20 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
                     f"masked-{cell}": ({}, {"test/entity_accuracy": 0.5, "test/perplexity": 20.0 + seed}),
                     f"lama-{cell}": ({}, {"lama/geonames/entity_accuracy": qa_em / 2, "lama/geonames/prior_entity_accuracy": 0.2,
                                            **({"lama/geonames/memory_subject_accuracy": 0.6 + seed / 10} if variant == "eae" else {})})}
-            if variant == "eae":  # its masked hyperlinks again with the memory's output zeroed
+            if variant in ("eae", "eae_unsup"):  # its masked hyperlinks again with the memory's output zeroed
                 runs[f"masked-off-{cell}"] = ({}, {"test/entity_accuracy": 0.5 - qa_em / 10})
             if qa_only:  # finetune.sh with FROM_STUDY: another QA recipe for those models, a store of QA runs only
                 runs = {f"qa-{cell}": runs[f"qa-{cell}"]}
             _log_cell(directory, cell, runs)
 
-    stores(tmp_path / "mlruns", {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15}, "2000")
+    stores(tmp_path / "mlruns", {("eae", 0): 0.30, ("eae", 1): 0.20, ("no_eae", 0): 0.10, ("no_eae", 1): 0.15,
+                                 ("eae_unsup", 0): 0.14, ("eae_unsup", 1): 0.13}, "2000")
     # the same text cut to its 50 most frequent entities (WORLDS=vital50), in the same directory
     stores(tmp_path / "mlruns", {("eae", 0): 0.90, ("no_eae", 0): 0.80}, "2000", world="vital50")
     # the same cells trained longer (another recipe, the memory at 10 x the lr and without its
     # LayerNorm, named in the steps' column), for --versus; No-EaE's seed 1 missing there
     stores(tmp_path / "longer", {("eae", 0): 0.34, ("eae", 1): 0.22, ("no_eae", 0): 0.10}, "4000",
-           pretrain={"train.memory_lr_scale": "10.0", "model.memory_layer_norm": "false"})
+           pretrain={"train.memory_lr_scale": "10.0", "model.memory_layer_norm": "false", "model.weight_memory_el": "0.1"})
     tables = _tables(tmp_path / "mlruns", "--versus", tmp_path / "longer")
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout.split("## Real text")[1]
@@ -289,6 +290,14 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     # half-width 12.706 x 0.707 / sqrt 2 = 6.4
     off = dict(zip(columns, next(r for r in gaps.splitlines() if r.startswith("| vital | medium | EaE − EaE with its memory output zeroed |")).strip(" |").split(" | ")))
     assert off["masked entity acc (test articles)"] == "+2.5 [-3.9, +8.9] ~ (seeds=2)", off
+    # EaE-unsup against No-EaE (4 and −2 points: mean 1, sd 4.243, half-width 12.706 x 3 = 38.1)
+    # and EaE against it (16 and 7: mean 11.5, half-width 12.706 x 4.5 = 57.2); each memory model
+    # without its memory's output, against itself and against No-EaE (EaE: 47 − 50 and 48 − 50)
+    row = lambda pair: dict(zip(columns, next(r for r in gaps.splitlines() if r.startswith(f"| vital | medium | {pair} |")).strip(" |").split(" | ")))  # noqa: E731
+    assert row("EaE-unsup − No-EaE")["fanoutqa single-hop test EM"] == "+1.0 [-37.1, +39.1] ~ (seeds=2)"
+    assert row("EaE − EaE-unsup")["fanoutqa single-hop test EM"] == "+11.5 [-45.7, +68.7] ~ (seeds=2)"
+    assert row("EaE-unsup − EaE-unsup with its memory output zeroed")["masked entity acc (test articles)"].startswith("+1.4 [")
+    assert row("EaE with its memory output zeroed − No-EaE")["masked entity acc (test articles)"] == "-2.5 [-8.9, +3.9] ~ (seeds=2)"
     # the 50-entity world's cells are rows of their own: one seed, a gap of 10 points
     cut = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| vital50 | medium | eae |")).strip(" |").split(" | ")))
     assert cut["seeds"] == "1" and cut["fanoutqa single-hop test EM"].startswith("90.0 "), cut
@@ -301,7 +310,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     versus = out.split("### The same model and seed on real text, these stores − longer")[1]
     columns = next(r for r in versus.splitlines() if r.startswith("| world | transformer | model |")).strip(" |").split(" | ")
     rows = {r.split(" | ")[2]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| vital | medium |")}
-    assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512, memory lr x10, X3 = X2 + X1"
+    assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512, memory lr x10, X3 = X2 + X1, memory EL weight 0.1"
     assert rows["eae"]["fanoutqa single-hop test EM"] == "-3.0 [-15.7, +9.7] ~ (seeds=2)", rows["eae"]
     assert rows["eae"]["geonames probes, entity acc"] == "-1.5 [-7.9, +4.9] ~ (seeds=2)", rows["eae"]
     assert rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)", rows["no_eae"]
@@ -323,7 +332,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert rows["eae"]["masked PPL"] == "–" and rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)"
     # against the 4,000-step stores (other models): both pretrainings named, "–" for these
     tables = _tables(tmp_path / "qa3e-4", "--versus", tmp_path / "longer")
-    assert ("| vital | medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
+    assert ("| vital | medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1, memory EL weight 0.1 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
             in tables.stdout), tables.stdout
 
 

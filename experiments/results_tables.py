@@ -461,11 +461,12 @@ def print_real_text(cells: dict, versus: dict | None = None, label: str = "") ->
                 rows.append([w, z, f"{names[first]} − {names[second]}"]
                             + [gap_cell(paired_gap(a, k, b, k), k == "masked_ppl") for k in shared])
         for v in ("eae", "eae_unsup"):  # what the memory's output adds at inference, and what is left without it
-            if g := groups.get((w, z, v)):
-                rows.append([w, z, f"{names[v]} − {names[v]} with its memory output zeroed"]
-                            + [gap_cell(paired_gap(g, k, g, f"memory_off_{k}")) if f"memory_off_{k}" in REAL else "–"
-                               for k in shared])
-            if (g := groups.get((w, z, v))) and (no := groups.get((w, z, "no_eae"))):
+            if not (g := groups.get((w, z, v))):
+                continue
+            rows.append([w, z, f"{names[v]} − {names[v]} with its memory output zeroed"]
+                        + [gap_cell(paired_gap(g, k, g, f"memory_off_{k}")) if f"memory_off_{k}" in REAL else "–"
+                           for k in shared])
+            if no := groups.get((w, z, "no_eae")):
                 rows.append([w, z, f"{names[v]} with its memory output zeroed − No-EaE"]
                             + [gap_cell(paired_gap(g, f"memory_off_{k}", no, k)) if f"memory_off_{k}" in REAL else "–"
                                for k in shared])

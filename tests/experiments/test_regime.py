@@ -293,7 +293,9 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     # EaE-unsup against No-EaE (4 and −2 points: mean 1, sd 4.243, half-width 12.706 x 3 = 38.1)
     # and EaE against it (16 and 7: mean 11.5, half-width 12.706 x 4.5 = 57.2); each memory model
     # without its memory's output, against itself and against No-EaE (EaE: 47 − 50 and 48 − 50)
-    row = lambda pair: dict(zip(columns, next(r for r in gaps.splitlines() if r.startswith(f"| vital | medium | {pair} |")).strip(" |").split(" | ")))  # noqa: E731
+    def row(pair):
+        return dict(zip(columns, next(r for r in gaps.splitlines() if r.startswith(f"| vital | medium | {pair} |")).strip(" |").split(" | ")))
+
     assert row("EaE-unsup − No-EaE")["fanoutqa single-hop test EM"] == "+1.0 [-37.1, +39.1] ~ (seeds=2)"
     assert row("EaE − EaE-unsup")["fanoutqa single-hop test EM"] == "+11.5 [-45.7, +68.7] ~ (seeds=2)"
     assert row("EaE-unsup − EaE-unsup with its memory output zeroed")["masked entity acc (test articles)"].startswith("+1.4 [")

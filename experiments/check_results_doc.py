@@ -85,7 +85,7 @@ def block_commands(block: str, scratch: Path) -> tuple[list[str], list[str]]:
     assigns, scripts, changed = ["R=docs/results"], [], []
     for line in lines:
         if "results_tables.py" in line:
-            command = line.split(" #")[0].replace("`", "")
+            command = line.split(" #")[0]
             for arg, where in re.findall(r"( --answer-frequency \S+=(\S+))", command):
                 if not (REPO / where).is_dir():  # the world's shards, which experiments/regime/data.sh rebuilds
                     command = command.replace(arg, "")

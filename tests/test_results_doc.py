@@ -8,11 +8,12 @@ section's tables is printed by that section's commands.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.experiments import experiment
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "results.md"
@@ -21,18 +22,9 @@ WORLDS = {"5k": "5,000", "20k": "20,000", "100k": "100,000"}
 # the summary's columns: the best-recipe gap table's
 COLUMNS = ("QA test EM", "fact recall, facts pretraining read", "masked entity acc (test articles)")
 GAP = re.compile(r"([+-]\d+\.\d) \[([+-]\d+\.\d), ([+-]\d+\.\d)\](?: ([✓~✗]))?")
-
-
-def _tables(text: str) -> list[str]:
-    """The markdown tables in text, each as its lines joined."""
-    tables, rows = [], []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            rows.append(line)
-        elif rows:
-            tables.append("\n".join(rows))
-            rows = []
-    return tables
+# experiments/check_results_doc.py, which checks any section of the doc (minutes for all of it)
+CHECKER = experiment("check_results_doc")
+_tables = CHECKER.tables  # the markdown tables in a text, each as its lines joined
 
 
 def _gap(cell: str) -> tuple[str, ...]:
@@ -124,24 +116,14 @@ def test_the_summary_s_real_text_gaps_are_printed_from_their_stores():
         assert _gap(printed)[:3] == gap[:3], (stores, printed, gap)
 
 
-def _checker():
-    """experiments/check_results_doc.py, which checks any section so (minutes for the whole doc)."""
-    spec = importlib.util.spec_from_file_location("check_results_doc", REPO / "experiments" / "check_results_doc.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_real_text_section_s_intervals_are_printed_by_its_commands():
     """Every "x [lo, hi]" in the real-text section's tables is printed from the committed stores
     by the section's results_tables.py commands (a table's columns may quote another round's
     block; the tables put metrics as rows, so they are checked cell by cell, not line for line);
     a model's mean may drop its "± sd". The one command that cannot run reads the store of the
     CPU MiniLM run, which the reader makes (the block names the committed one after it)."""
-    checker = _checker()
-    [(heading, body)] = [s for s in checker.sections(DOC.read_text()) if s[0].startswith("Real text (2026-11-28)")]
-    check = checker.check_section(heading, body)
+    [(heading, body)] = [s for s in CHECKER.sections(DOC.read_text()) if s[0].startswith("Real text (2026-11-28)")]
+    check = CHECKER.check_section(heading, body)
     assert len(check.intervals) > 200, check.intervals  # the section's tables, found
     assert not check.missing, check.missing
     # (where the reader ran that block, its store is there and the command runs)

@@ -3,20 +3,16 @@ committed stores, and each "x [lo, hi]" of its tables looked up in what they pri
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from tests.experiments import experiment
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = "real-text-vital2000-minilm-gpu-7200-memlr10-seeds10-14-2026-12-05.mlruns.tar.xz"
 
 
 def _checker():
-    spec = importlib.util.spec_from_file_location("check_results_doc", REPO / "experiments" / "check_results_doc.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return experiment("check_results_doc")
 
 
 def test_a_section_s_intervals_are_found_in_its_commands_output_and_a_changed_one_is_not():

@@ -2,12 +2,9 @@
 run is the straight one, loss for loss and weight for weight (the GPU check reads the same table);
 a second call reads the finished runs instead of training them again."""
 
-import importlib.util
-from pathlib import Path
+from tests.experiments import experiment
 
-spec = importlib.util.spec_from_file_location("pause_check", Path(__file__).resolve().parents[2] / "experiments" / "pause_check.py")
-pause_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pause_check)
+pause_check = experiment("pause_check")
 
 
 def test_a_paused_run_prints_the_straight_runs_losses_and_weights(ray_cluster, tmp_path, capsys):

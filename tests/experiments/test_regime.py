@@ -5,7 +5,6 @@ relaunched (the relaunch's exactness is tested on the job itself, test_pretrain.
 the top-K one (TOPK="", for time), the stores' archive and the tables printed from it
 (experiments/results_tables.py); the tables' pairing by seed on hand-set figures."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -14,6 +13,8 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+
+from tests.experiments import experiment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,11 +26,8 @@ def _tables(*args):
 
 
 def _results_tables():
-    """experiments/results_tables.py as a module (experiments/ is not a package), for its functions."""
-    spec = importlib.util.spec_from_file_location("results_tables", REPO / "experiments" / "results_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
-    return tables
+    """experiments/results_tables.py as a module, for its functions."""
+    return experiment("results_tables")
 
 
 def _stage(name, env, *args):

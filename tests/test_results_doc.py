@@ -100,7 +100,7 @@ def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_
 # (several: merged, a later store's cells winning, as the real-text section's commands pass them)
 R41 = "real-text-vital2000-minilm-gpu-7200-memlr10-seeds10-14-2026-12-05"
 REAL_TEXT = (("real-text-vital-minilm-gpu-3600-memlr10-2026-11-30",), ("real-text-vital-minilm-gpu-7200-memlr10-2026-11-30",),
-             (R41,), (R41, "real-text-vital2000-minilm-gpu-7200-memlr10-el01-seeds10-14-2026-12-05"))
+             (R41,), *((R41, f"real-text-vital2000-minilm-gpu-7200-memlr10-{w}-seeds10-14-2026-12-05") for w in ("el003", "el01", "el03")))
 
 
 def test_the_summary_s_real_text_gaps_are_printed_from_their_stores():

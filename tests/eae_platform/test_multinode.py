@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -353,6 +354,22 @@ def _replicas(cluster) -> dict[str, str]:
             if a["class_name"] == "ServeReplica:eae:EaEModelServer" and a["state"] == "ALIVE"}
 
 
+# Serve's proxy answers this to a request for a route it has no entry for: before its first route
+# table from the controller, on a node that just joined (its /-/healthz says 503 until then)
+NO_ROUTE = "HTTPError 404: Path '/v1/link' not found."
+
+
+def _no_route_answers(cluster) -> int:
+    """The requests the second node's Serve proxy answered 404 before it had the application's
+    routes: the access lines ("POST  404 0.4ms", no route) in its log above its first non-empty
+    "Got updated endpoints"."""
+    count = 0
+    for log in (cluster.root / cluster.worker_dir / "session_latest" / "logs" / "serve").glob("proxy_*.log"):
+        before_routes = re.split(r"Got updated endpoints: \{[^}]", log.read_text(errors="replace"), maxsplit=1)[0]
+        count += len(re.findall(r" POST +404 [\d.]+ms", before_routes))
+    return count
+
+
 class _Load:
     """`clients` threads, each POSTing /v1/link again as soon as it is answered; every request's
     (start time, end time, None or the error) kept."""
@@ -370,6 +387,9 @@ class _Load:
                 out, _ = _link(self.url, f"Ada Lovelace met E{i} in London.")
                 assert out["mentions"], out
                 self.results.append((started, time.monotonic(), None))
+            except urllib.error.HTTPError as exc:  # with its body: whose answer it was
+                body = exc.read().decode(errors="replace")
+                self.results.append((started, time.monotonic(), f"HTTPError {exc.code}: {body}"))
             except Exception as exc:  # noqa: BLE001 -- counted: what a user's client would see
                 self.results.append((started, time.monotonic(), f"{type(exc).__name__}: {exc}"))
 
@@ -440,25 +460,30 @@ def test_serving_with_a_replica_on_each_node_survives_a_node_killed_under_load(t
                 assert time.monotonic() < killed + 240, f"no second replica on the new node: {now}"
                 time.sleep(1)
             back = time.monotonic()
-            n = len(load.results)
-            while len(load.results) < n + 40:  # 40 more requests, with both replicas
+            while sum(r[2] is None and r[0] >= back for r in list(load.results)) < 40:  # 40 more, with both replicas
                 assert time.monotonic() < back + 120, "the service stopped answering"
                 time.sleep(0.2)
         finally:
             load.stop()
-        failed = [r for r in load.results if r[2] is not None]
+        # On this host both nodes' proxies listen on one port and the kernel deals connections
+        # between them, so the new node's proxy can take some before its route table comes and
+        # answer them 404 (a CI run: 10 in 20 ms). In a real cluster a load balancer checks
+        # /-/healthz, 503 until then, and sends it none. Each must be one its log shows.
+        no_route = [r for r in load.results if r[2] is not None and r[2].startswith(NO_ROUTE)]
+        failed = [r for r in load.results if r[2] is not None and r not in no_route]
         with capsys.disabled():
             print(f"\nnode killed under load: {sum(r[0] < killed for r in load.results)} requests sent before the kill, "
                   f"{sum(killed <= r[0] < back for r in load.results)} until the replacement replica was up "
                   f"({back - killed:.1f} s later), {sum(r[0] >= back for r in load.results)} after; the longest took "
-                  f"{max(r[1] - r[0] for r in load.results):.1f} s; {len(failed)} failed: "
+                  f"{max(r[1] - r[0] for r in load.results):.1f} s; {len(no_route)} answered 404 by the new node's "
+                  f"proxy before its routes came; {len(failed)} failed: "
                   + "; ".join(f"sent {r[0] - killed:+.2f} s, ended {r[1] - killed:+.2f} s from the kill: {r[2][:100]}"
                               for r in failed))
         assert sum(r[2] is None and r[1] < killed for r in load.results) >= 20  # the load ran before the kill
         # what fails is what was on the killed node at the kill (requests its proxy held, or that
         # the head's proxy had given its replica): in flight then, or sent as its socket closed
         assert all(r[0] < killed + 1.0 for r in failed), failed
-        assert all(r[2] is None for r in load.results if r[0] >= back) and sum(r[0] >= back for r in load.results) >= 40
+        assert len(no_route) == _no_route_answers(two_nodes), no_route
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)

@@ -11,13 +11,24 @@ import time
 from eae_platform import progress, task_stop
 
 
-def test_a_task_stops_at_a_step_once_its_driver_says_stop_even_ignoring_sigint(ray_cluster):
+def _wait_for(path, timeout_s: float = 60) -> None:
+    """Until the task has written `path`, once its SIGINT handler is in place: a cancel sent
+    sooner finds it not yet running (a worker can take seconds to start on a busy machine; a
+    run with two test processes on 2 cores: more than the 2 s this test once slept)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"the task never started: no {path}"
+        time.sleep(0.1)
+
+
+def test_a_task_stops_at_a_step_once_its_driver_says_stop_even_ignoring_sigint(ray_cluster, tmp_path):
     ray = ray_cluster
 
     @ray.remote(num_cpus=0)
-    def training(channel):
+    def training(channel, started):
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ray's cancel cannot reach it
         try:
+            started.touch()
             with task_stop.watching(channel, every_s=0.1):
                 for step in range(1200):  # a minute of steps unless stopped
                     task_stop.check()
@@ -29,8 +40,9 @@ def test_a_task_stops_at_a_step_once_its_driver_says_stop_even_ignoring_sigint(r
             signal.signal(signal.SIGINT, previous)  # the worker process is reused
 
     with progress.relay() as channel:
-        ref = training.remote(channel)
-        time.sleep(2)  # training
+        ref = training.remote(channel, tmp_path / "started")
+        _wait_for(tmp_path / "started")
+        time.sleep(0.5)  # training
         ray.cancel(ref)  # lost: the task ignores SIGINT
         assert not ray.wait([ref], timeout=2)[0]
         channel.stop.remote()
@@ -38,11 +50,11 @@ def test_a_task_stops_at_a_step_once_its_driver_says_stop_even_ignoring_sigint(r
     task_stop.check()  # this process was never told to stop
 
 
-def test_a_cancel_the_task_lost_is_sent_again(ray_cluster):
+def test_a_cancel_the_task_lost_is_sent_again(ray_cluster, tmp_path):
     ray = ray_cluster
 
     @ray.remote(num_cpus=0)
-    def loses_its_first_interrupt():
+    def loses_its_first_interrupt(started):
         """Trains on through the first KeyboardInterrupt (as one raised in a finalizer is lost),
         stops at the next; 'finished' if no second one comes within 60 s."""
         lost = []
@@ -55,6 +67,7 @@ def test_a_cancel_the_task_lost_is_sent_again(ray_cluster):
 
         previous = signal.signal(signal.SIGINT, on_interrupt)
         try:
+            started.touch()
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -62,8 +75,8 @@ def test_a_cancel_the_task_lost_is_sent_again(ray_cluster):
         finally:
             signal.signal(signal.SIGINT, previous)  # the worker process is reused
 
-    ref = loses_its_first_interrupt.remote()
-    time.sleep(3)  # running: a worker took it
+    ref = loses_its_first_interrupt.remote(tmp_path / "started")
+    _wait_for(tmp_path / "started")
     started = time.monotonic()
     assert task_stop.cancel(ray, ref, wait_s=30, every_s=1)
     assert time.monotonic() - started < 15

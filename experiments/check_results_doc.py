@@ -6,7 +6,7 @@ directory, so no committed figure is rewritten), and every "x [lo, hi]" of the s
 its "± sd". A table may quote another section's figure: one that the other checked sections'
 commands printed is counted apart, not as missing.
 
-    .venv/bin/python experiments/check_results_doc.py                  # every section (~3.5 minutes)
+    .venv/bin/python experiments/check_results_doc.py                  # every section (~4 minutes)
     .venv/bin/python experiments/check_results_doc.py "Round 38" "Real text"   # sections whose heading starts so
 
 Prints one line a section (intervals found of those in its tables; why some commands could not
@@ -15,8 +15,7 @@ the path the command names (`STUDY=/tmp/af WORLDS="5000r4 20000r4 100000r4"
 experiments/regime/data.sh` rebuilds them, seeded, and a link at the other paths named serves),
 and a store under runs/ is one the reader makes), then each interval that no checked section's
 commands printed. Exits 1 when a section whose commands all ran has one.
-tests/test_results_doc.py checks the real-text section so in CI; the whole doc takes minutes
-(84 commands, ~3.5 minutes).
+tests/test_results_doc.py checks the real-text section so in CI; the whole doc takes minutes.
 """
 
 from __future__ import annotations

@@ -58,6 +58,12 @@ class EaEConfig:
     # layers were trained on; without it they get exactly X1 at the start (X2 starts near 0).
     # Measured on real text from MiniLM: no change (docs/results.md, round 14).
     memory_layer_norm: bool = True
+    # True: the memory's query reads X1 detached, so nothing the memory does (its EL loss, nor
+    # the losses after it through E_m) sends gradient into the l0 layers; W_f and the table
+    # still learn, and the l0 layers learn from mention detection and X1's residual path into
+    # X3. Not the paper's: a probe of its l0 layers serving both mention detection and the
+    # memory query (docs/results.md, What is left).
+    memory_query_detached: bool = False
 
     # Top-k retrieval in the memory. None means all entities (exactly the full softmax).
     k_train: int | None = None

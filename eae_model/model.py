@@ -212,7 +212,8 @@ class EaEModel(nn.Module):
         x3 = x1
         if self.entity_memory is not None:
             memory_targets = targets if c.memory_el_supervision else None
-            memory = self.entity_memory(x1, mentions, self.entity_table, k, memory_targets)
+            query_x1 = x1.detach() if c.memory_query_detached else x1
+            memory = self.entity_memory(query_x1, mentions, self.entity_table, k, memory_targets)
             x3 = memory.x2 + x1 if self.memory_norm is None else self.memory_norm(memory.x2 + x1)
         x4 = self.transformer_l1(x3, key_mask)
 

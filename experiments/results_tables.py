@@ -774,13 +774,15 @@ def recipe_label(r: tuple) -> str:
 def memory_label(params: dict) -> str:
     """A pretraining run's memory settings where they are not the paper's: ", memory lr x10"
     (train.memory_lr_scale: the entity table and the memory at 10 x the lr), ", X3 = X2 + X1"
-    (model.memory_layer_norm off) and ", memory EL weight 0.1" (model.weight_memory_el, the
-    memory's entity-linking loss); "" for the paper's (and runs from before these settings)."""
+    (model.memory_layer_norm off), ", memory EL weight 0.1" (model.weight_memory_el, the
+    memory's entity-linking loss) and ", memory query detached" (model.memory_query_detached);
+    "" for the paper's (and runs from before these settings)."""
     scale = float(params.get("train.memory_lr_scale", 1))
     weight = float(params.get("model.weight_memory_el", 1))
     return ("" if scale == 1 else f", memory lr x{scale:g}") + (
         ", X3 = X2 + X1" if params.get("model.memory_layer_norm", "True").lower() == "false" else "") + (
-        "" if weight == 1 else f", memory EL weight {weight:g}")
+        "" if weight == 1 else f", memory EL weight {weight:g}") + (
+        ", memory query detached" if params.get("model.memory_query_detached", "False").lower() == "true" else "")
 
 
 def lr_label(lr: float) -> str:

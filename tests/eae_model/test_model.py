@@ -142,6 +142,28 @@ def test_loss_weights_and_unsup_preset():
     torch.testing.assert_close(out.loss, out.losses["mention"] + out.losses["entity_pred"])
 
 
+@pytest.mark.parametrize("detached", [False, True])
+def test_memory_query_detached_keeps_the_memory_s_gradient_out_of_the_l0_layers(detached):
+    """model.memory_query_detached: the same forward; the memory's EL loss still trains W_f and
+    the table but reaches no l0 parameter (the token embeddings included), and EntityPred's loss
+    still reaches them through X1's residual path into X3."""
+    ids, mask, mentions = _batch()
+    model = _model(memory_query_detached=detached)
+    out = model(ids, mask, mentions=mentions)
+    torch.testing.assert_close(out.x4, _model()(ids, mask, mentions=mentions).x4, rtol=0, atol=0)
+
+    def grads(loss):
+        model.zero_grad(set_to_none=True)
+        loss.backward(retain_graph=True)
+        l0 = [p.grad for p in [*model.token_embed.parameters(), *model.transformer_l0.parameters()]]
+        return sum(0.0 if g is None else g.abs().sum().item() for g in l0), model.entity_memory.project_query.weight.grad
+
+    l0_from_memory, w_f = grads(out.losses["memory_el"])
+    assert (l0_from_memory == 0.0) == detached, l0_from_memory
+    assert w_f is not None and w_f.abs().sum() > 0
+    assert grads(out.losses["entity_pred"])[0] > 0
+
+
 def test_no_linked_mentions_gives_zero_el_loss_with_gradient_graph():
     model = _model()
     ids, mask, _ = _batch()

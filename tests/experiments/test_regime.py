@@ -39,7 +39,8 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
            "WORLDS": "300r2", "SEEDS": "0", "STEPS": "20", "LOG_EVERY": "10", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli",
-           "MEMORY_LR_SCALE": "2", "MEMORY_LAYER_NORM": "false", "MEMORY_EL_WEIGHT": "0.5", "SHUFFLE_ROWS": "false"}
+           "MEMORY_LR_SCALE": "2", "MEMORY_LAYER_NORM": "false", "MEMORY_EL_WEIGHT": "0.5", "MEMORY_QUERY_DETACHED": "true",
+           "SHUFFLE_ROWS": "false"}
     assert _stage("data", env).returncode == 0
     # a deadline already past (STOP_AT, train.deadline): every cell pauses at its first log
     # window (step 10), and the stage exits 10; run again, each continues from there
@@ -69,13 +70,14 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert [r.info.run_name for r in runs] == ["qa-w300r2-small-no_eae-s0"], runs
     assert runs[0].data.params["finetune.init"] == str(tmp_path / "study" / "models" / "w300r2-small-no_eae-s0")
     assert float(runs[0].data.params["finetune.lr"]) == 3e-4 and not (tmp_path / "qa3e-4" / "models").exists()
-    # MEMORY_LR_SCALE, MEMORY_LAYER_NORM, MEMORY_EL_WEIGHT and SHUFFLE_ROWS reach every cell's pretraining (and its model)
+    # MEMORY_LR_SCALE, MEMORY_LAYER_NORM, MEMORY_EL_WEIGHT, MEMORY_QUERY_DETACHED and SHUFFLE_ROWS reach every cell's
+    # pretraining (and its model)
     store = MlflowClient(f"file://{tmp_path / 'study' / 'mlruns' / 'w300r2-small-eae-s0'}")
     pre = store.search_runs([e.experiment_id for e in store.search_experiments()], "attributes.run_name = 'w300r2-small-eae-s0'")
     assert [float(r.data.params["train.memory_lr_scale"]) for r in pre] == [2.0], pre
     assert [r.data.params["train.shuffle_rows"].lower() for r in pre] == ["false"], pre  # rounds 1-8's file order
     model = json.loads((tmp_path / "study" / "models" / "w300r2-small-eae-s0" / "config.json").read_text())
-    assert model["memory_layer_norm"] is False and model["weight_memory_el"] == 0.5, model
+    assert model["memory_layer_norm"] is False and model["weight_memory_el"] == 0.5 and model["memory_query_detached"] is True, model
     evaluated = _stage("eval", env)
     assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
     # EaE's probes with its memory's output zeroed come from its lama process (eval.memory_off_run)
@@ -264,7 +266,8 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     # the same cells trained longer (another recipe, the memory at 10 x the lr and without its
     # LayerNorm, named in the steps' column), for --versus; No-EaE's seed 1 missing there
     stores(tmp_path / "longer", {("eae", 0): 0.34, ("eae", 1): 0.22, ("no_eae", 0): 0.10}, "4000",
-           pretrain={"train.memory_lr_scale": "10.0", "model.memory_layer_norm": "false", "model.weight_memory_el": "0.1"})
+           pretrain={"train.memory_lr_scale": "10.0", "model.memory_layer_norm": "false", "model.weight_memory_el": "0.1",
+                     "model.memory_query_detached": "True"})
     tables = _tables(tmp_path / "mlruns", "--versus", tmp_path / "longer")
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout.split("## Real text")[1]
@@ -310,7 +313,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     versus = out.split("### The same model and seed on real text, these stores − longer")[1]
     columns = next(r for r in versus.splitlines() if r.startswith("| world | transformer | model |")).strip(" |").split(" | ")
     rows = {r.split(" | ")[2]: dict(zip(columns, r.strip(" |").split(" | "))) for r in versus.splitlines() if r.startswith("| vital | medium |")}
-    assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512, memory lr x10, X3 = X2 + X1, memory EL weight 0.1"
+    assert rows["eae"]["steps x batch"] == "2,000 x 512 − 4,000 x 512, memory lr x10, X3 = X2 + X1, memory EL weight 0.1, memory query detached"
     assert rows["eae"]["fanoutqa single-hop test EM"] == "-3.0 [-15.7, +9.7] ~ (seeds=2)", rows["eae"]
     assert rows["eae"]["geonames probes, entity acc"] == "-1.5 [-7.9, +4.9] ~ (seeds=2)", rows["eae"]
     assert rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)", rows["no_eae"]
@@ -332,7 +335,7 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
     assert rows["eae"]["masked PPL"] == "–" and rows["no_eae"]["fanoutqa single-hop test EM"] == "+0.0 (n=1)"
     # against the 4,000-step stores (other models): both pretrainings named, "–" for these
     tables = _tables(tmp_path / "qa3e-4", "--versus", tmp_path / "longer")
-    assert ("| vital | medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1, memory EL weight 0.1 | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
+    assert ("| vital | medium | eae | – − 4,000 x 512, memory lr x10, X3 = X2 + X1, memory EL weight 0.1, memory query detached | 200 x 32 at 3e-4 − 200 x 32 at 1e-4 |"
             in tables.stdout), tables.stdout
 
 

@@ -412,7 +412,7 @@ def real_groups(cells: dict) -> dict:
         g = groups[(m["world"], m["size"], m["variant"])]
         g["seeds"].append(int(m["seed"]))
         g["steps"] = (f"{int(pre['params']['train.max_steps']):,} x {pre['params']['train.batch_size']}"
-                      f"{memory_label(pre['params'])}" if pre else "–")
+                      f"{settings_label(pre['params'])}" if pre else "–")
         if finished(qa) and "finetune.lr" in qa["params"]:
             f = qa["params"]
             g["qa"] = f"{int(f['finetune.max_steps']):,} x {f['finetune.batch_size']} at {lr_label(float(f['finetune.lr']))}"
@@ -671,8 +671,8 @@ def print_versus(groups: dict, other: dict, label: str) -> None:
 
 
 def pretrain_recipe(runs: dict, cell: str) -> tuple | None:
-    """A cell's pretraining recipe, (lr, steps, warmup share, batch, rows shuffled, the memory's
-    settings as memory_label words), from its pretraining run's params; None without that run or
+    """A cell's pretraining recipe, (lr, steps, warmup share, batch, rows shuffled, the other
+    settings as settings_label words), from its pretraining run's params; None without that run or
     those params."""
     pre = runs.get(cell)
     if pre is None:
@@ -683,7 +683,7 @@ def pretrain_recipe(runs: dict, cell: str) -> tuple | None:
                 int(t["train.batch_size"]),
                 # runs from before train.shuffle_rows read their rows in file order
                 t.get("train.shuffle_rows", "false").lower() == "true",
-                memory_label(t))
+                settings_label(t))
     except KeyError:  # a run that did not log its config
         return None
 
@@ -771,18 +771,24 @@ def recipe_label(r: tuple) -> str:
             + (f"; QA {qa[1]} at {lr_label(qa[0])}" if qa else ""))
 
 
-def memory_label(params: dict) -> str:
-    """A pretraining run's memory settings where they are not the paper's: ", memory lr x10"
-    (train.memory_lr_scale: the entity table and the memory at 10 x the lr), ", X3 = X2 + X1"
-    (model.memory_layer_norm off), ", memory EL weight 0.1" (model.weight_memory_el, the
-    memory's entity-linking loss) and ", memory query detached" (model.memory_query_detached);
-    "" for the paper's (and runs from before these settings)."""
+def settings_label(params: dict) -> str:
+    """A pretraining run's settings beyond lr and steps where they are not the paper's (or the
+    preset's): ", memory lr x10" (train.memory_lr_scale: the entity table and the memory at 10 x
+    the lr), ", X3 = X2 + X1" (model.memory_layer_norm off), ", memory EL weight 0.1"
+    (model.weight_memory_el, the memory's entity-linking loss), ", memory query detached"
+    (model.memory_query_detached) and ", from scratch" (the `minilm` preset without
+    train.init_encoder, which it otherwise starts from); "" for the paper's (and runs from before
+    these settings)."""
     scale = float(params.get("train.memory_lr_scale", 1))
     weight = float(params.get("model.weight_memory_el", 1))
-    return ("" if scale == 1 else f", memory lr x{scale:g}") + (
-        ", X3 = X2 + X1" if params.get("model.memory_layer_norm", "True").lower() == "false" else "") + (
-        "" if weight == 1 else f", memory EL weight {weight:g}") + (
-        ", memory query detached" if params.get("model.memory_query_detached", "False").lower() == "true" else "")
+    unloaded = params.get("train.init_encoder") in (None, "", "None", "null")  # MLflow logs None as null
+    return "".join([
+        "" if scale == 1 else f", memory lr x{scale:g}",
+        ", X3 = X2 + X1" if params.get("model.memory_layer_norm", "True").lower() == "false" else "",
+        "" if weight == 1 else f", memory EL weight {weight:g}",
+        ", memory query detached" if params.get("model.memory_query_detached", "False").lower() == "true" else "",
+        ", from scratch" if params.get("model.preset") == "minilm" and unloaded else "",
+    ])
 
 
 def lr_label(lr: float) -> str:

@@ -37,6 +37,7 @@ WARMUP=${WARMUP:-0.05}                # the warmup's share of the steps (train.w
 MEMORY_LR_SCALE=${MEMORY_LR_SCALE:-1} # the entity table's and memory layer's lr as a multiple of LR (train.memory_lr_scale)
 MEMORY_LAYER_NORM=${MEMORY_LAYER_NORM:-true}  # false: X3 = X2 + X1, no LayerNorm after the memory (model.memory_layer_norm)
 MEMORY_EL_WEIGHT=${MEMORY_EL_WEIGHT:-1}  # the memory's entity-linking loss weight (model.weight_memory_el; EaE-unsup: none)
+INIT_ENCODER=${INIT_ENCODER:-true}    # SIZES=minilm: start from the shipped MiniLM encoder; false: train its shape from scratch
 MEMORY_QUERY_DETACHED=${MEMORY_QUERY_DETACHED:-false}  # true: no memory gradient into the l0 layers (model.memory_query_detached)
 # false: every epoch reads the rows in file order (train.shuffle_rows), as rounds 1-8 of
 # docs/results.md did before the shuffle existed: their commands reproduce them with it
@@ -98,9 +99,9 @@ variant_set() {  # the paper's ablations as switches of a preset
 
 has_memory() { case $1 in eae|eae_unsup) true ;; *) false ;; esac; }  # a variant with the entity memory
 
-size_set() {  # a preset's own pretraining settings: minilm starts from the MiniLM encoder that ships offline
+size_set() {  # a preset's own pretraining settings: minilm starts from the MiniLM encoder that ships offline (INIT_ENCODER)
   case "$1" in
-    minilm) echo "--set train.init_encoder=minilm" ;;
+    minilm) if [ "$INIT_ENCODER" = true ]; then echo "--set train.init_encoder=minilm"; fi ;;
     *) echo "" ;;
   esac
 }

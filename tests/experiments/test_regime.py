@@ -14,6 +14,8 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.experiments import experiment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -599,21 +601,27 @@ def test_pretraining_a_world_without_its_data_is_refused_before_any_cell_starts(
     assert "Traceback" not in done.stderr and not (tmp_path / "study" / "logs" / "pretrain-w300r2-small-eae-s0.log").exists()
 
 
-def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, tmp_path, monkeypatch):
+@pytest.mark.parametrize("init", ["true", "false"])
+def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, tmp_path, monkeypatch, init):
     """SIZES=minilm: pretrain.sh launches the cell with train.init_encoder=minilm (size_set),
-    as its MLflow run's params record."""
+    as its MLflow run's params record; INIT_ENCODER=false trains the same shape from scratch,
+    which the tables name as a recipe of its own."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the cells' stores are file stores
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
            "WORLDS": "300r2", "SIZES": "minilm", "VARIANTS": "eae", "SEEDS": "0", "STEPS": "2", "LOG_EVERY": "1",
-           "BATCH": "4", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli", "MLFLOW_ALLOW_FILE_STORE": "true"}
+           "BATCH": "4", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli", "MLFLOW_ALLOW_FILE_STORE": "true",
+           "INIT_ENCODER": init}
     assert _stage("data", env).returncode == 0
     done = _stage("pretrain", env)
     assert done.returncode == 0 and "w300r2-minilm-eae-s0: finished at step 2" in done.stdout, done.stdout + done.stderr
     client = MlflowClient(f"file://{tmp_path / 'study' / 'mlruns' / 'w300r2-minilm-eae-s0'}")
     run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
-    assert run.data.params["train.init_encoder"] == "minilm" and run.data.params["model.hidden_size"] == "384"
+    assert run.data.params["train.init_encoder"] == ("minilm" if init == "true" else "null")
+    assert run.data.params["model.hidden_size"] == "384"
+    label = _results_tables().settings_label(run.data.params)
+    assert label == ("" if init == "true" else ", from scratch"), label
 
 
 def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(capsys):

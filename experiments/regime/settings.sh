@@ -38,6 +38,7 @@ MEMORY_LR_SCALE=${MEMORY_LR_SCALE:-1} # the entity table's and memory layer's lr
 MEMORY_LAYER_NORM=${MEMORY_LAYER_NORM:-true}  # false: X3 = X2 + X1, no LayerNorm after the memory (model.memory_layer_norm)
 MEMORY_EL_WEIGHT=${MEMORY_EL_WEIGHT:-1}  # the memory's entity-linking loss weight (model.weight_memory_el; EaE-unsup: none)
 INIT_ENCODER=${INIT_ENCODER:-true}    # SIZES=minilm: start from the shipped MiniLM encoder; false: train its shape from scratch
+case $INIT_ENCODER in true|false) ;; *) echo "INIT_ENCODER must be true or false, got '$INIT_ENCODER'" >&2; exit 2 ;; esac
 MEMORY_QUERY_DETACHED=${MEMORY_QUERY_DETACHED:-false}  # true: no memory gradient into the l0 layers (model.memory_query_detached)
 # false: every epoch reads the rows in file order (train.shuffle_rows), as rounds 1-8 of
 # docs/results.md did before the shuffle existed: their commands reproduce them with it

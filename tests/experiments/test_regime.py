@@ -624,6 +624,13 @@ def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, 
     assert label == ("" if init == "true" else ", from scratch"), label
 
 
+def test_an_init_encoder_other_than_true_or_false_is_refused_before_any_stage_starts(tmp_path):
+    """INIT_ENCODER=True (say) would otherwise read as false and train MiniLM's shape from scratch."""
+    refused = _stage("data", {**os.environ, "STUDY": str(tmp_path / "study"), "WORLDS": "300r2", "INIT_ENCODER": "True"})
+    assert refused.returncode == 2 and "INIT_ENCODER must be true or false, got 'True'" in refused.stderr, refused.stderr
+    assert not (tmp_path / "study" / "data").exists()
+
+
 def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(capsys):
     """print_ablations on hand-set per-seed figures: EaE − EaE-unsup, EaE − MM, No-EaE − MM and
     EaE-unsup − No-EaE, each the mean of the per-seed gaps with its t-interval and verdict (Table

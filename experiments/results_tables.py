@@ -9,6 +9,9 @@ headline's command and compares).
     # the same cells trained at several recipes (one archive per recipe): each model's recipe
     # picked on QA dev EM, then EaE − No-EaE at the picks on test (--figure: those gaps)
     .venv/bin/python experiments/results_tables.py --best-recipe ARCHIVE.mlruns.tar.xz... [--figure F]
+    # each pretraining run's dev evaluations by step, finished or paused (a study a lost machine
+    # cut short): each model's mean over its seeds and EaE − No-EaE paired by seed, per recipe
+    .venv/bin/python experiments/results_tables.py --dev-curve ARCHIVE.mlruns.tar.xz...
     # the small CPU reproduction (experiments/reproduce.sh, docs/results/cpu-reproduction.md)
     .venv/bin/python experiments/results_tables.py runs/reproduce/mlflow.db [runs/reproduce-wiki/mlflow.db]
 
@@ -242,12 +245,24 @@ def read_cells(path: Path) -> dict[str, dict[str, dict]]:
         for r in sorted(client.search_runs(experiments), key=lambda r: r.info.start_time):
             runs[r.info.run_name] = {"metrics": dict(r.data.metrics), "params": dict(r.data.params),
                                      "status": r.info.status}
+            if r.info.run_name == store.name:  # the pretraining run: its curve (--dev-curve)
+                points = {k: [(m.step, m.timestamp, m.value) for m in client.get_metric_history(r.info.run_id, k)]
+                          for k in r.data.metrics}
+                runs[r.info.run_name].update(curve(points))
             # (the store's own copy: the artifact URI names the machine that wrote it)
             kept = store / r.info.experiment_id / r.info.run_id / "artifacts" / "predictions" / "test.jsonl"
             if kept.is_file():  # a QA run's per-question predictions (collect.sh keeps them)
                 runs[r.info.run_name]["predictions"] = [json.loads(line) for line in kept.read_text().splitlines() if line]
         cells[store.name] = runs
     return cells
+
+
+def curve(points: dict[str, list[tuple[int, int, float]]]) -> dict:
+    """A pretraining run's {"dev": {key: {step: value}}} (its dev evaluations, the latest by
+    time at a step) and "last_step" (the furthest step any metric reached: where a paused run
+    stopped), from each metric's (step, timestamp, value) points."""
+    dev = {k: {step: v for step, _, v in sorted(ps)} for k, ps in points.items() if k.startswith("dev/")}
+    return {"dev": dev, "last_step": max((step for ps in points.values() for step, _, _ in ps), default=None)}
 
 
 # mlflow.entities.RunStatus as FileStore persists it in meta.yaml (a missing status reads RUNNING);
@@ -295,16 +310,19 @@ def read_archive(path: Path) -> dict[str, dict[str, dict]]:
             continue  # not a run's folder (a logged model's, say)
         if meta.get("lifecycle_stage", "active") != "active":
             continue
-        metrics = {}
+        points = {}
         for key, text in folder(run, "metrics").items():
-            points = [line.split() for line in text.splitlines() if line.strip()]
             # FileStore._get_metric_from_line: a step only in a 3-field line (5 fields: step 0)
-            metrics[key] = max((int(p[2]) if len(p) == 3 else 0, int(p[0]), float(p[1])) for p in points)[2]
+            points[key] = [(int(p[2]) if len(p) == 3 else 0, int(p[0]), float(p[1]))
+                           for p in (line.split() for line in text.splitlines() if line.strip())]
+        metrics = {key: max(ps)[2] for key, ps in points.items()}
         entry = {"metrics": metrics, "params": folder(run, "params"),
                  "status": RUN_STATUS[meta.get("status", 1)]}
         if (kept := run.get("artifacts/predictions/test.jsonl")) is not None:  # collect.sh keeps a QA run's
             entry["predictions"] = [json.loads(line) for line in kept.decode().splitlines() if line]
         name = meta.get("run_name") or folder(run, "tags").get("mlflow.runName")
+        if name == cell:  # the pretraining run: its curve (--dev-curve)
+            entry.update(curve(points))
         found[cell].append((meta.get("start_time") or 0, name, entry))
     # the latest run of each name, as read_cells keeps it
     return {cell: {name: entry for _, name, entry in sorted(found[cell], key=lambda f: f[0])}
@@ -938,6 +956,84 @@ def _why_empty(where: str, pair: dict, picks: dict[str, dict]) -> list[str]:
     return [f"{where}: {'; '.join(metrics)}: {why}" for why, metrics in lacking.items()]
 
 
+# --dev-curve: what `eae pretrain` logs every train.eval_every steps, (key, label, scale)
+DEV_CURVE = (("dev/entity_accuracy", "dev masked entity acc", 100), ("dev/perplexity", "dev PPL", 1))
+
+
+def cell_key(cell: str) -> tuple[str, str, str, int] | None:
+    """(world label, transformer, model, seed) of a synthetic or real-text cell's name, else None."""
+    if m := CELL.match(cell):
+        return world_label((int(m["world"]), int(m["renderings"] or 1))), m["size"], m["variant"], int(m["seed"])
+    if m := REAL_CELL.match(cell):
+        return m["world"], m["size"], m["variant"], int(m["seed"])
+    return None
+
+
+def stopped_at(runs: dict, cell: str) -> str | None:
+    """"step 2,300 of 6,000 (KILLED)" for a cell whose pretraining run did not finish (paused by
+    its time budget or deadline, or failed), None for a finished one or a cell without that run."""
+    pre = runs.get(cell)
+    if pre is None or pre["status"] == "FINISHED":
+        return None
+    step = pre.get("last_step")
+    steps = pre["params"].get("train.max_steps")
+    return (f"step {step:,}" if step is not None else "no step") + (f" of {int(steps):,}" if steps else "") + f" ({pre['status']})"
+
+
+def note_unfinished(cells: dict) -> None:
+    """Say which cells the tables leave out because their pretraining did not finish (a paused
+    study's stores: summarize and real_groups keep finished runs only), never silently."""
+    stopped = Counter(s for cell, runs in cells.items() if cell_key(cell) and (s := stopped_at(runs, cell)))
+    if stopped:
+        print(f"({sum(stopped.values())} cell(s) left out, their pretraining not finished: "
+              + "; ".join(f"{n} at {s}" for s, n in sorted(stopped.items()))
+              + ". Run the study's pretrain stage again to continue them; --dev-curve prints the dev evaluations they logged)\n")
+
+
+def print_dev_curves(paths: list[Path]) -> None:
+    """--dev-curve: each pretraining run's dev evaluations by step, finished or not, per world,
+    transformer and pretraining recipe: each model's mean ± sd over its seeds and EaE − No-EaE
+    paired by seed at each step. A paused study (no QA, no evaluations yet) can be compared on
+    what it logged, at a point of its lr schedule: mid-run figures, not the study's result."""
+    curves: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))  # (world, size, recipe) -> model -> {seed: run}
+    for path in paths:  # within a recipe a later store's cell wins (a rerun), as in the tables
+        for cell, runs in read_cells(path).items():
+            key, recipe = cell_key(cell), pretrain_recipe(runs, cell)
+            if key and recipe and runs[cell].get("dev"):
+                world, size, variant, seed = key
+                curves[(world, size, recipe)][variant][seed] = runs[cell]
+    if not curves:
+        raise SystemExit("--dev-curve: no pretraining run in these stores logged a dev evaluation")
+    for (world, size, recipe), models in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][1], recipe_label(kv[0][2]))):
+        variants = [v for v in VARIANTS if v in models]
+        print(f"### Pretraining's dev evaluations by step: {world}, `{size}`, {recipe_label(recipe)}\n")
+        for v in variants:
+            seeds = models[v]
+            states = Counter("finished" if r["status"] == "FINISHED" else f"stopped at step {r['last_step']:,}"
+                             for r in seeds.values())
+            print(f"- {v}, seeds {', '.join(map(str, sorted(seeds)))}: "
+                  + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+        paired = "eae" in models and "no_eae" in models
+        head, steps = ["step"], sorted({step for m in models.values() for r in m.values() for c in r["dev"].values() for step in c})
+        for _, label, _ in DEV_CURVE:
+            head += [f"{v} {label}" for v in variants] + (["EaE − No-EaE"] if paired else [])
+        rows = []
+        for step in steps:
+            row = [f"{step:,}"]
+            for key, _, scale in DEV_CURVE:
+                at = {v: {s: r["dev"].get(key, {}).get(step) for s, r in models[v].items()} for v in variants}
+                for v in variants:
+                    xs = [x * scale for x in at[v].values() if x is not None]
+                    mean, sd, _ = mean_ci(xs) if xs else (math.nan, math.nan, math.nan)
+                    row.append("–" if not xs else f"{mean:.1f}" + (f" ± {sd:.1f}" if len(xs) > 1 else ""))
+                if paired:
+                    diffs = [(at["eae"][s] - at["no_eae"][s]) * scale for s in at["eae"]
+                             if at["eae"][s] is not None and at["no_eae"].get(s) is not None]
+                    row.append(gap_cell((*mean_ci(diffs)[::2], len(diffs)) if diffs else None, lower_is_better=scale == 1))
+            rows.append(row)
+        print("\n" + table(head, rows) + "\n")
+
+
 def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> None:
     """The gaps against each point's facts per transformer parameter; notes[(world, size)],
     where given, is written under the point's tick (--best-recipe: the transformer and the
@@ -997,6 +1093,9 @@ def main() -> None:
     parser.add_argument("--versus", nargs="+", type=Path, default=[], metavar="STORE",
                         help="regime: also print each model − the same model and seed in these stores "
                         "(the same cells trained at another recipe)")
+    parser.add_argument("--dev-curve", action="store_true",
+                        help="regime: only print each pretraining run's dev evaluations by step (finished or paused), "
+                        "each model's mean over seeds and EaE − No-EaE paired by seed, per recipe")
     parser.add_argument("--best-recipe", action="store_true",
                         help="regime: only pick each model's best recipe (pretraining lr, steps, warmup; QA lr, steps) "
                         "on QA dev EM among the stores' cells, and compare EaE and No-EaE at their picks on test")
@@ -1026,6 +1125,9 @@ def main() -> None:
             print("## Wikipedia sample\n")
             synthetic(MlflowClient(f"sqlite:///{args.stores[1]}"), prefix="wiki-")
         return
+    if args.dev_curve:
+        print_dev_curves(args.stores)
+        return
     if args.best_recipe:
         ranked, setting = best_recipes(read_recipes(args.stores))
         if not ranked:
@@ -1040,6 +1142,7 @@ def main() -> None:
         parser.error("these stores hold a model pretrained at more than one recipe, which one table would mix "
                      "(pass one recipe's stores; compare recipes with --versus or --best-recipe):\n  "
                      + "\n  ".join(mixed + [f"(--versus) {m}" for m in mixed_other]))
+    note_unfinished(cells)
     groups = print_tables(cells, args.figure)
     versus_label = " ".join(p.name for p in args.versus)
     if args.versus:

@@ -215,6 +215,7 @@ def test_an_archive_is_read_inside_the_tar_as_mlflow_reads_the_store_unpacked(tm
     runs = read[cell]
     assert sorted(runs) == ["qa-" + cell, cell], runs
     assert runs[cell]["metrics"] == {"dev/em": 0.5, "loss": 1.5} and runs[cell]["params"] == {"train/lr": "0.001"}
+    assert runs[cell]["dev"] == {"dev/em": {3: 0.9, 5: 0.5}} and runs[cell]["last_step"] == 7  # --dev-curve's
     assert runs["qa-" + cell]["status"] == "FINISHED" and runs["qa-" + cell]["metrics"] == {"test/em": 0.3}
     assert runs["qa-" + cell]["predictions"] == [{"id": "q1", "correct": True}]
 
@@ -570,6 +571,65 @@ def test_recipes_run_a_stage_side_by_side_each_in_a_study_of_its_own_sharing_the
     assert failing.returncode == 1  # one recipe's failure is the command's
     bad = _stage("recipes", {**env, "RECIPES": "fast:lr=0.001"}, "true")
     assert bad.returncode == 2 and "expected NAME:SETTING=VALUE" in bad.stderr, bad.stderr
+
+
+def test_dev_curve_pairs_each_steps_dev_evaluations_by_seed_paused_or_finished(tmp_path, monkeypatch):
+    """--dev-curve on real stores of a paused study and a finished one: each pretraining run's
+    dev evaluations by step, each model's mean ± sd over its seeds and EaE − No-EaE paired by
+    seed, per recipe (lr 3e-4 paused, lr 1e-4 finished; the same cell names in both stores are
+    two recipes, not a rerun). By hand at lr 3e-4, step 1,000: EaE 10, 14 -> 12.0 ± 2.8; No-EaE
+    8, 8 -> 8.0; gaps 2, 6: mean 4, sd 2.83, half-width 12.706 x 2.83 / sqrt 2 = 25.4 ->
+    [-21.4, +29.4]. Step 2,000: only the seed whose EaE reached it is paired (n=1). The tables
+    without --dev-curve leave the paused cells out and say where they stopped, never silently."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    # lr -> {(variant, seed): ({step: dev entity acc}, last step, status)}
+    studies = {"0.0003": {("eae", 0): ({1000: 0.10, 2000: 0.20}, 2300, "KILLED"), ("eae", 1): ({1000: 0.14}, 1500, "KILLED"),
+                          ("no_eae", 0): ({1000: 0.08, 2000: 0.10}, 2800, "KILLED"), ("no_eae", 1): ({1000: 0.08, 2000: 0.30}, 2800, "KILLED")},
+               "0.0001": {(v, seed): ({1000: 0.05, 2000: 0.07}, 2000, "FINISHED") for v in ("eae", "no_eae") for seed in (0, 1)}}
+    stores = []
+    for lr, cells in studies.items():
+        store = tmp_path / f"lr{lr}" / "mlruns"
+        for (variant, seed), (dev, last, status) in cells.items():
+            cell = f"w5000r4-minilm-{variant}-s{seed}"
+            client = MlflowClient(f"file://{store / cell}")
+            run = client.create_run(client.create_experiment("regime"), run_name=cell).info.run_id
+            for k, v in {"train.lr": lr, "train.max_steps": 2000 if status == "FINISHED" else 6000,
+                         "train.warmup_fraction": "0.1", "train.batch_size": "128", "train.shuffle_rows": "true"}.items():
+                client.log_param(run, k, v)
+            for step, acc in dev.items():
+                client.log_metric(run, "dev/entity_accuracy", acc, step=step)
+                client.log_metric(run, "dev/perplexity", 20.0 if variant == "eae" else 19.0, step=step)
+            client.log_metric(run, "train/loss", 3.0, step=last)
+            client.set_terminated(run, status)
+        archive = tmp_path / f"lr{lr}.mlruns.tar.xz"
+        with tarfile.open(archive, "w:xz") as tar:
+            tar.add(store, "mlruns")
+        stores.append(archive)
+
+    curve = _tables("--dev-curve", *stores)
+    assert curve.returncode == 0, curve.stderr
+    finished, paused = curve.stdout.split("### Pretraining's dev evaluations by step: ")[1:]  # by recipe: 1e-4 first
+    assert paused.startswith("5,000, facts stated 4x, `minilm`, lr 3e-4 x 6,000 (10% warmup, batch 128, rows shuffled)"), paused
+    assert "- eae, seeds 0, 1: 1 stopped at step 1,500, 1 stopped at step 2,300" in paused
+    assert "- no_eae, seeds 0, 1: 2 stopped at step 2,800" in paused
+    assert ("| 1,000 | 12.0 ± 2.8 | 8.0 ± 0.0 | +4.0 [-21.4, +29.4] ~ (seeds=2) | 20.0 ± 0.0 | 19.0 ± 0.0 "
+            "| +1.0 [+1.0, +1.0] ✗ (seeds=2) |") in paused
+    assert "| 2,000 | 20.0 | 20.0 ± 14.1 | +10.0 (n=1) | 20.0 | 19.0 ± 0.0 | +1.0 (n=1) |" in paused
+    assert finished.startswith("5,000, facts stated 4x, `minilm`, lr 1e-4 x 2,000") and "2 finished" in finished
+    assert "| 2,000 | 7.0 ± 0.0 | 7.0 ± 0.0 | +0.0 [+0.0, +0.0] ~ (seeds=2) |" in finished
+
+    tables = _tables(stores[0])
+    assert tables.returncode == 0, tables.stderr
+    assert ("(4 cell(s) left out, their pretraining not finished: 1 at step 1,500 of 6,000 (KILLED); 1 at step 2,300 "
+            "of 6,000 (KILLED); 2 at step 2,800 of 6,000 (KILLED).") in tables.stdout, tables.stdout
+    empty = tmp_path / "empty.tar.xz"
+    with tarfile.open(empty, "w:xz") as tar:
+        tar.add(tmp_path / "lr0.0003" / "mlruns" / "w5000r4-minilm-eae-s0" / "0", "mlruns/w5000r4-minilm-eae-s0/0")
+    refused = _tables("--dev-curve", empty)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "--dev-curve: no pretraining run in these stores logged a dev evaluation" in refused.stderr
 
 
 def test_the_cells_shares_of_the_gpus_fit_on_them_together():

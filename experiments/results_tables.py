@@ -1024,12 +1024,13 @@ def print_dev_curves(paths: list[Path]) -> None:
                 at = {v: {s: r["dev"].get(key, {}).get(step) for s, r in models[v].items()} for v in variants}
                 for v in variants:
                     xs = [x * scale for x in at[v].values() if x is not None]
-                    mean, sd, _ = mean_ci(xs) if xs else (math.nan, math.nan, math.nan)
+                    mean, sd, _ = mean_ci(xs or [math.nan])
                     row.append("–" if not xs else f"{mean:.1f}" + (f" ± {sd:.1f}" if len(xs) > 1 else ""))
                 if paired:
                     diffs = [(at["eae"][s] - at["no_eae"][s]) * scale for s in at["eae"]
                              if at["eae"][s] is not None and at["no_eae"].get(s) is not None]
-                    row.append(gap_cell((*mean_ci(diffs)[::2], len(diffs)) if diffs else None, lower_is_better=scale == 1))
+                    mean, _, half = mean_ci(diffs or [math.nan])
+                    row.append(gap_cell((mean, half, len(diffs)) if diffs else None, lower_is_better=scale == 1))
             rows.append(row)
         print("\n" + table(head, rows) + "\n")
 

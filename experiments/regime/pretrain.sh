@@ -23,7 +23,7 @@ while read -r w z v s; do
   MLFLOW_TRACKING_URI=$(store "$cell") eae pretrain --preset "$z" --data "$(data_dir "$w")" --max-steps "$STEPS" \
     --name "$cell" --out "$MODELS/$cell" --num-workers 1 \
     --set model.num_entities="$n" --set model.max_length=128 --set train.batch_size="$BATCH" --set train.lr="$LR" --set train.warmup_fraction="$WARMUP" \
-    --set train.memory_lr_scale="$MEMORY_LR_SCALE" --set model.memory_layer_norm="$MEMORY_LAYER_NORM" --set model.weight_memory_el="$MEMORY_EL_WEIGHT" --set model.memory_query_detached="$MEMORY_QUERY_DETACHED" --set train.shuffle_rows="$SHUFFLE_ROWS" --set train.seed="$s" --set train.log_every="$LOG_EVERY" --set train.checkpoint_every=1000 --set train.eval_batches=4 \
+    --set train.memory_lr_scale="$MEMORY_LR_SCALE" --set model.memory_layer_norm="$MEMORY_LAYER_NORM" --set model.weight_memory_el="$MEMORY_EL_WEIGHT" --set model.memory_query_detached="$MEMORY_QUERY_DETACHED" --set train.shuffle_rows="$SHUFFLE_ROWS" --set train.pad_multiple="$PAD_MULTIPLE" --set train.seed="$s" --set train.log_every="$LOG_EVERY" --set train.checkpoint_every=1000 --set train.eval_batches=4 \
     --set train.storage_path="$STUDY/ray" --set train.register_as=null --set train.experiment=regime-pretrain \
     ${BUDGET_S:+--set train.time_budget_s=$BUDGET_S} ${STOP_AT:+--set train.deadline=$STOP_AT} $(device_set) $(variant_set "$v") $(size_set "$z") \
     >> "$STUDY/logs/pretrain-$cell.log" 2>&1 &

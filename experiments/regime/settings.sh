@@ -40,6 +40,9 @@ MEMORY_EL_WEIGHT=${MEMORY_EL_WEIGHT:-1}  # the memory's entity-linking loss weig
 INIT_ENCODER=${INIT_ENCODER:-true}    # SIZES=minilm: start from the shipped MiniLM encoder; false: train its shape from scratch
 case $INIT_ENCODER in true|false) ;; *) echo "INIT_ENCODER must be true or false, got '$INIT_ENCODER'" >&2; exit 2 ;; esac
 MEMORY_QUERY_DETACHED=${MEMORY_QUERY_DETACHED:-false}  # true: no memory gradient into the l0 layers (model.memory_query_detached)
+# N: each batch padded to its longest context rounded up to N, not to the model's max_length (train.pad_multiple:
+# the same model on fewer padded tokens; benchmarks/bench_padding.py); 0: the job's default
+PAD_MULTIPLE=${PAD_MULTIPLE:-0}
 # false: every epoch reads the rows in file order (train.shuffle_rows), as rounds 1-8 of
 # docs/results.md did before the shuffle existed: their commands reproduce them with it
 SHUFFLE_ROWS=${SHUFFLE_ROWS:-true}

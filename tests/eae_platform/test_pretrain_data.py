@@ -131,6 +131,39 @@ def _random_rows(n: int, seed: int = 0):
             "mention_ends": obj(ends), "mention_entity_ids": obj(entities)}
 
 
+def test_pad_multiple_pads_each_batch_to_its_longest_rounded_up_and_the_model_reads_it_the_same():
+    """train.pad_multiple: each batch as long as its longest context rounded up to the multiple,
+    at most pad_to (model.max_length), with the content of a batch padded to max_length; and the
+    model's losses on both batches the same (padding is masked out of attention, and the heads
+    read only real positions), so a run with it trains the same model on fewer padded tokens."""
+    import torch
+
+    from eae_model.config import load_config
+    from eae_model.model import EaEModel
+
+    rows = _random_rows(16, seed=1)
+    longest = max(len(t) for t in rows["token_ids"])  # 3-39 tokens
+    fixed = data.collate(rows, seed=0, epoch=0, mask_rate=0.5, num_entities=40, pad_to=64)
+    rounded = data.collate(rows, seed=0, epoch=0, mask_rate=0.5, num_entities=40, pad_to=64, pad_multiple=16)
+    capped = data.collate(rows, seed=0, epoch=0, mask_rate=0.5, num_entities=40, pad_to=longest, pad_multiple=16)
+    assert rounded.input_ids.shape[1] == -(-longest // 16) * 16 < 64 and capped.input_ids.shape[1] == longest
+    n = rounded.input_ids.shape[1]
+    for name in ("input_ids", "attention_mask", "mlm_labels"):
+        assert torch.equal(getattr(rounded, name), getattr(fixed, name)[:, :n]), name
+    assert fixed.attention_mask[:, n:].sum() == 0
+    with pytest.raises(ValueError, match=f"longer than pad_to={longest - 1}"):
+        data.collate(rows, seed=0, epoch=0, mask_rate=0.5, num_entities=40, pad_to=longest - 1, pad_multiple=16)
+
+    torch.manual_seed(0)
+    model = EaEModel(load_config("tiny", overrides=["max_length=64", "num_entities=40"])).eval()
+    with torch.no_grad():
+        a, b = (model(x.input_ids, x.attention_mask, mentions=x.mentions, mlm_labels=x.mlm_labels, indices=x.indices)
+                for x in (fixed, rounded))
+    assert a.losses.keys() == b.losses.keys() and len(a.losses) >= 3
+    for head in a.losses:
+        torch.testing.assert_close(a.losses[head], b.losses[head], rtol=1e-5, atol=1e-5, msg=head)
+
+
 def test_collate_equals_a_row_by_row_reference():
     """The vectorised collate against the obvious loop over rows, with the same draws."""
     import numpy as np
@@ -199,16 +232,26 @@ def test_collate_checks_the_models_inputs_on_the_host():
         data.collate(rows, seed=0, epoch=0, mask_rate=0.0, num_entities=None)
 
 
-@pytest.mark.parametrize("use_gpu,fixed,expected", [(True, None, 128), (False, None, None), (False, True, 128),
-                                                    (True, False, None)])
-def test_batches_are_padded_to_max_length_on_gpus_by_default(use_gpu, fixed, expected):
+@pytest.mark.parametrize("use_gpu,fixed,multiple,expected", [(True, None, 0, 128), (False, None, 0, None),
+                                                             (False, True, 0, 128), (True, False, 0, None),
+                                                             (False, None, 16, 128)])
+def test_batches_are_padded_to_max_length_on_gpus_by_default(use_gpu, fixed, multiple, expected):
+    """pad_to: the fixed length, or with train.pad_multiple (on CPUs too) the most a batch is
+    padded to: a rounded-up length never past the position embeddings."""
     from eae_platform.pretrain.config import load_pretrain_config
     from eae_platform.pretrain.loop import pad_to
 
     config = load_pretrain_config(preset="tiny", overrides=[
-        "model.max_length=128", f"train.use_gpu={str(use_gpu).lower()}",
+        "model.max_length=128", f"train.use_gpu={str(use_gpu).lower()}", f"train.pad_multiple={multiple}",
         f"train.pad_to_max_length={'null' if fixed is None else str(fixed).lower()}"])
     assert pad_to(config) == expected
+
+
+def test_a_negative_pad_multiple_is_refused():
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    with pytest.raises(ValueError, match="pad_multiple must be >= 0"):
+        load_pretrain_config(preset="tiny", overrides=["train.pad_multiple=-16"])
 
 
 def test_step_profiler_writes_the_profiled_steps_summary(tmp_path):

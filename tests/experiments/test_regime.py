@@ -42,6 +42,7 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
            "WORLDS": "300r2", "SEEDS": "0", "STEPS": "20", "LOG_EVERY": "10", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli",
            "MEMORY_LR_SCALE": "2", "MEMORY_LAYER_NORM": "false", "MEMORY_EL_WEIGHT": "0.5", "MEMORY_QUERY_DETACHED": "true",
+           "PAD_MULTIPLE": "16",
            "SHUFFLE_ROWS": "false"}
     assert _stage("data", env).returncode == 0
     # a deadline already past (STOP_AT, train.deadline): every cell pauses at its first log
@@ -72,12 +73,13 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert [r.info.run_name for r in runs] == ["qa-w300r2-small-no_eae-s0"], runs
     assert runs[0].data.params["finetune.init"] == str(tmp_path / "study" / "models" / "w300r2-small-no_eae-s0")
     assert float(runs[0].data.params["finetune.lr"]) == 3e-4 and not (tmp_path / "qa3e-4" / "models").exists()
-    # MEMORY_LR_SCALE, MEMORY_LAYER_NORM, MEMORY_EL_WEIGHT, MEMORY_QUERY_DETACHED and SHUFFLE_ROWS reach every cell's
+    # MEMORY_LR_SCALE, MEMORY_LAYER_NORM, MEMORY_EL_WEIGHT, MEMORY_QUERY_DETACHED, SHUFFLE_ROWS and PAD_MULTIPLE reach every cell's
     # pretraining (and its model)
     store = MlflowClient(f"file://{tmp_path / 'study' / 'mlruns' / 'w300r2-small-eae-s0'}")
     pre = store.search_runs([e.experiment_id for e in store.search_experiments()], "attributes.run_name = 'w300r2-small-eae-s0'")
     assert [float(r.data.params["train.memory_lr_scale"]) for r in pre] == [2.0], pre
     assert [r.data.params["train.shuffle_rows"].lower() for r in pre] == ["false"], pre  # rounds 1-8's file order
+    assert [r.data.params["train.pad_multiple"] for r in pre] == ["16"], pre
     model = json.loads((tmp_path / "study" / "models" / "w300r2-small-eae-s0" / "config.json").read_text())
     assert model["memory_layer_norm"] is False and model["weight_memory_el"] == 0.5 and model["memory_query_detached"] is True, model
     evaluated = _stage("eval", env)

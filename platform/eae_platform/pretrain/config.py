@@ -83,6 +83,10 @@ class TrainConfig:
     # every batch padded to model.max_length (one shape for all steps: cuDNN attention and Triton
     # plan per shape) or to its longest context; None: fixed on GPUs, longest on CPUs
     pad_to_max_length: bool | None = None
+    # instead, each batch padded to its longest context rounded up to this multiple (at most
+    # model.max_length): a few shapes rather than one, for contexts much shorter than max_length
+    # (the synthetic worlds': 22 wordpieces on average, at most 80-88, against 128); 0: off
+    pad_multiple: int = 0
     # torch.compile the embeddings and both transformer stacks (the memory and heads, whose
     # shapes follow the mention count, stay eager); None: on GPUs
     compile: bool | None = None
@@ -152,6 +156,8 @@ class TrainConfig:
                             f"got {self.placement_strategy!r}")
         if self.grad_sync not in GRAD_SYNCS:
             problems.append(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {self.grad_sync!r}")
+        if self.pad_multiple < 0:
+            problems.append(f"pad_multiple must be >= 0 (0: off), got {self.pad_multiple}")
         if self.prefetch_batches < 0:
             problems.append(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
         if not 0 <= self.mask_rate <= 1 or not 0 <= self.warmup_fraction < 1:

@@ -104,22 +104,26 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 
 def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float, num_entities: int | None,
-            pad_to: int | None = None) -> Batch:
+            pad_to: int | None = None, pad_multiple: int = 0) -> Batch:
     """Ray Data numpy batch (columns of per-row arrays) -> a padded, masked Batch.
 
     Entity ids >= num_entities (data built with a larger vocabulary than the model's table)
     become unlinked; None keeps them as they are. pad_to: every batch padded to this length
     (GPUs: one shape for every step; a new sequence length costs a new attention plan, ~1-2 s
-    on an H100) instead of its longest context. Vectorised over the batch (no loop over rows):
+    on an H100) instead of its longest context; pad_multiple: to its longest context rounded up
+    to this multiple instead (at most pad_to), a few shapes for short contexts. Vectorised over the batch (no loop over rows):
     it runs in the prefetch thread, whose Python holds the interpreter lock the training
     step's kernel launches need (benchmarks/bench_collate.py)."""
     context_ids = np.asarray(rows["context_id"]).astype(np.int64)
     tokens, token_counts = _flat(rows["token_ids"])
     batch = len(token_counts)
     length = int(token_counts.max()) if batch else 0
-    if pad_to is not None:
-        if length > pad_to:
-            raise ValueError(f"a context of {length} tokens is longer than pad_to={pad_to}")
+    if pad_to is not None and length > pad_to:
+        raise ValueError(f"a context of {length} tokens is longer than pad_to={pad_to}")
+    if pad_multiple:
+        length = -(-length // pad_multiple) * pad_multiple
+        length = length if pad_to is None else min(length, pad_to)
+    elif pad_to is not None:
         length = pad_to
     # every token's (row, column)
     token_row, token_col = np.repeat(np.arange(batch), token_counts), _offsets(token_counts)
@@ -225,7 +229,7 @@ def caches(files: list[str], cache_data: bool | None) -> bool:
 
 
 def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_entities, skip_steps=0, pad_to=None,
-               cache: dict | None = None, shuffle: bool = False):
+               cache: dict | None = None, shuffle: bool = False, pad_multiple: int = 0):
     """The rank's batches of one epoch (Ray Data streaming, order preserved; or from `cache`,
     `cached_batches`, with `shuffle` its rows in an order drawn from (seed, epoch, rank)), after
     skipping the first `skip_steps` (resumption: the same order again); stops at
@@ -242,7 +246,7 @@ def iter_epoch(files, seed, epoch, rank, world_size, batch_size, mask_rate, num_
     for step, rows in enumerate(batches):
         if step < skip_steps:
             continue
-        yield step, collate(rows, seed, epoch, mask_rate, num_entities, pad_to)
+        yield step, collate(rows, seed, epoch, mask_rate, num_entities, pad_to, pad_multiple)
 
 
 _DONE = object()
@@ -359,7 +363,8 @@ def iter_epochs(open_epoch: Callable[[int, int], Iterator], steps_in: Callable[[
                 close()
 
 
-def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities, max_batches=0, pad_to=None):
+def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities, max_batches=0, pad_to=None,
+              pad_multiple=0):
     """Evaluation batches: every rank reads all (small) dev files in order and keeps every
     world_size-th row of each global batch, so all ranks run the same number of steps (the
     sharded table's collectives need every rank in every call). Masks are drawn as in
@@ -385,7 +390,8 @@ def iter_eval(files, seed, rank, world_size, batch_size, mask_rate, num_entities
     else:
         batches = read_rows(files, need).iter_batches(batch_size=width, batch_format="numpy", drop_last=True)
     for rows in batches:
-        yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities, pad_to)
+        yield collate({k: v[rank::world_size] for k, v in rows.items()}, seed, EVAL_EPOCH, mask_rate, num_entities, pad_to,
+                      pad_multiple)
 
 
 class DevBatches:

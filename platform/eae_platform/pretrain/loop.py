@@ -58,9 +58,11 @@ def lr_lambda(total_steps: int, warmup_fraction: float):
 
 def pad_to(config: PretrainConfig) -> int | None:
     """The fixed sequence length of every batch (train.pad_to_max_length; default: on GPUs),
-    or None: each batch as long as its longest context."""
+    with train.pad_multiple the most a batch is padded to, or None: each batch as long as its
+    longest context."""
     fixed = config.train.pad_to_max_length
-    return config.model.max_length if (config.train.use_gpu if fixed is None else fixed) else None
+    on = config.train.use_gpu if fixed is None else fixed
+    return config.model.max_length if on or config.train.pad_multiple else None
 
 
 def compile_stacks(model: EaEModel, config: PretrainConfig) -> EaEModel:
@@ -254,7 +256,8 @@ def dev_batches(config: PretrainConfig, rank: int, world_size: int) -> data.DevB
     t = config.train
     files = shard_files(t.data, "dev")
     return data.DevBatches(lambda: data.iter_eval(files, t.seed, rank, world_size, t.batch_per_worker, t.mask_rate,
-                                                  config.model.num_entities, t.eval_batches, pad_to(config)),
+                                                  config.model.num_entities, t.eval_batches, pad_to(config),
+                                                  t.pad_multiple),
                            keep=t.eval_batches > 0)
 
 
@@ -396,7 +399,7 @@ class Trainer:
             return data.prefetch(
                 data.iter_epoch(files, t.seed, epoch, rank, world_size, t.batch_per_worker, t.mask_rate,
                                 self.config.model.num_entities, skip, pad_to(self.config), cache,
-                                shuffle=t.shuffle_rows),
+                                shuffle=t.shuffle_rows, pad_multiple=t.pad_multiple),
                 t.prefetch_batches, pin_for=self.device if self.device.type == "cuda" else None)
 
         def steps_in(epoch: int) -> int:

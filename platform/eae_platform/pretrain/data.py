@@ -111,9 +111,9 @@ def collate(rows: dict[str, np.ndarray], seed: int, epoch: int, mask_rate: float
     become unlinked; None keeps them as they are. pad_to: every batch padded to this length
     (GPUs: one shape for every step; a new sequence length costs a new attention plan, ~1-2 s
     on an H100) instead of its longest context; pad_multiple: to its longest context rounded up
-    to this multiple instead (at most pad_to), a few shapes for short contexts. Vectorised over the batch (no loop over rows):
-    it runs in the prefetch thread, whose Python holds the interpreter lock the training
-    step's kernel launches need (benchmarks/bench_collate.py)."""
+    to this multiple instead (at most pad_to), a few shapes for short contexts. Vectorised over
+    the batch (no loop over rows): it runs in the prefetch thread, whose Python holds the
+    interpreter lock the training step's kernel launches need (benchmarks/bench_collate.py)."""
     context_ids = np.asarray(rows["context_id"]).astype(np.int64)
     tokens, token_counts = _flat(rows["token_ids"])
     batch = len(token_counts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch.distributed as dist
@@ -14,6 +15,13 @@ def _entry(rank: int, world: int, init: str, fn, out) -> None:
         out.put((rank, fn(rank, world)))
     finally:
         dist.destroy_process_group()
+    # Once the result is out, leave without the interpreter's finalization: gloo's threads can
+    # still hold async work whose teardown then aborts the process ("terminate called without
+    # an active exception", a non-zero exit: one CI run of many, after the worker had returned its
+    # figures; pytorch/pytorch#179291). A failing fn still raises above, with a non-zero exit.
+    out.close()
+    out.join_thread()  # the result written to the pipe first
+    os._exit(0)
 
 
 def run_workers(fn, world: int, tmp_path: Path, timeout: float = 120) -> list:

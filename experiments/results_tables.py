@@ -990,6 +990,22 @@ def note_unfinished(cells: dict) -> None:
               + ". Run the study's pretrain stage again to continue them; --dev-curve prints the dev evaluations they logged)\n")
 
 
+def dev_cell(xs: list[float]) -> str:
+    """One model's figure at a step over its seeds: "12.0 ± 2.8" (one seed: "12.0"; none: "–")."""
+    if not xs:
+        return "–"
+    mean, sd, _ = mean_ci(xs)
+    return f"{mean:.1f}" + (f" ± {sd:.1f}" if len(xs) > 1 else "")
+
+
+def dev_gap(diffs: list[float]) -> tuple[float, float, int] | None:
+    """gap_cell's (mean, 95% half-width, seeds) of per-seed differences; None without any."""
+    if not diffs:
+        return None
+    mean, _, half = mean_ci(diffs)
+    return mean, half, len(diffs)
+
+
 def print_dev_curves(paths: list[Path]) -> None:
     """--dev-curve: each pretraining run's dev evaluations by step, finished or not, per world,
     transformer and pretraining recipe: each model's mean ± sd over its seeds and EaE − No-EaE
@@ -1024,13 +1040,11 @@ def print_dev_curves(paths: list[Path]) -> None:
                 at = {v: {s: r["dev"].get(key, {}).get(step) for s, r in models[v].items()} for v in variants}
                 for v in variants:
                     xs = [x * scale for x in at[v].values() if x is not None]
-                    mean, sd, _ = mean_ci(xs or [math.nan])
-                    row.append("–" if not xs else f"{mean:.1f}" + (f" ± {sd:.1f}" if len(xs) > 1 else ""))
+                    row.append(dev_cell(xs))
                 if paired:
                     diffs = [(at["eae"][s] - at["no_eae"][s]) * scale for s in at["eae"]
                              if at["eae"][s] is not None and at["no_eae"].get(s) is not None]
-                    mean, _, half = mean_ci(diffs or [math.nan])
-                    row.append(gap_cell((mean, half, len(diffs)) if diffs else None, lower_is_better=scale == 1))
+                    row.append(gap_cell(dev_gap(diffs), lower_is_better=scale == 1))
             rows.append(row)
         print("\n" + table(head, rows) + "\n")
 

@@ -1,6 +1,8 @@
 """Shared fixtures: a real local Ray cluster, started once per test session."""
 
+import itertools
 import os
+import random
 import secrets
 import signal
 import socket
@@ -94,21 +96,31 @@ def synth_pretrained(ray_cluster, tmp_path_factory):
 # --- a real MLflow server on PostgreSQL ----------------------------------------------------
 
 
-_HANDED_OUT: set[int] = set()
+# Ports above Ray's worker ports (10002-19999 by default) and below the kernel's ephemeral range
+# (32768-60999 here): a port the kernel gave to a bind(0) could be given again, before its server
+# bound it, as the source port of any outgoing connection (Ray opens many) or to the other test
+# process's bind(0); `eae serve` once failed so to bind its port in CI. Each pytest-xdist worker
+# takes every n-th port, so the two test processes never hand out the same one; from a random
+# place in that list, so that another test session at the same time starts elsewhere.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+_MINE = range(20000 + _WORKER, 32768, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+_START = random.randrange(len(_MINE))
+_PORTS = itertools.chain(_MINE[_START:], _MINE[:_START])
 
 
 def free_port() -> int:
-    """A TCP port free now on 127.0.0.1 that this process has not handed out before. The kernel
-    can give the same ephemeral port to two binds in a row once the first socket is closed, and
-    a caller that asks for several before using them (a Ray head's GCS, client server and
-    dashboard ports) needs them distinct: `ray start` refuses a port given to two components."""
-    while True:
+    """A TCP port free now on 127.0.0.1, outside the kernel's ephemeral range, that no test
+    process has handed out before (a caller that asks for several before using them, as a Ray
+    head's GCS, client server and dashboard ports, needs them distinct: `ray start` refuses a
+    port given to two components)."""
+    for port in _PORTS:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or lingering after a close
+                continue
+        return port
+    raise RuntimeError("free_port: every port of 20000-32767 handed out or in use")
 
 
 class MlflowServer:

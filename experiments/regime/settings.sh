@@ -41,7 +41,8 @@ INIT_ENCODER=${INIT_ENCODER:-true}    # SIZES=minilm: start from the shipped Min
 case $INIT_ENCODER in true|false) ;; *) echo "INIT_ENCODER must be true or false, got '$INIT_ENCODER'" >&2; exit 2 ;; esac
 MEMORY_QUERY_DETACHED=${MEMORY_QUERY_DETACHED:-false}  # true: no memory gradient into the l0 layers (model.memory_query_detached)
 # N: each batch padded to its longest context rounded up to N, not to the model's max_length (train.pad_multiple:
-# the same model on fewer padded tokens; benchmarks/bench_padding.py); 0: the job's default
+# the same model on fewer padded tokens; 16: 0.71x a step with 6 cells side by side on one H100, 1.00x for one
+# alone, docs/performance.md); 0: the job's default. Off here so earlier rounds' commands train as they did
 PAD_MULTIPLE=${PAD_MULTIPLE:-0}
 # false: every epoch reads the rows in file order (train.shuffle_rows), as rounds 1-8 of
 # docs/results.md did before the shuffle existed: their commands reproduce them with it

@@ -9,16 +9,24 @@ backward, AdamW; bf16 autocast on CUDA) with each, in interleaved rounds (median
 ratio to max_length's. The losses are the same either way (tests/eae_platform/test_pretrain_data.py).
 
     python benchmarks/bench_padding.py DATA_DIR [--preset minilm] [--batch 128] [--steps 20] [--rounds 3]
-        [--multiple 16] [--entities 5000] [--compile]
+        [--multiple 16] [--entities 5000] [--compile] [--processes 1]
 
 DATA_DIR: a built dataset (`eae data build`); its train split's first batches, in a shuffled order.
+--processes N runs N copies side by side, as the regime study's cells share one GPU, and prints
+each one's figures and their medians: one process alone can leave the GPU idle between launches
+(on an H100 `minilm` at batch 128 took 43.6 ms a step either way), where N of them keep it busy.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -29,7 +37,7 @@ from eae_platform.pretrain import data
 from eae_platform.pretrain.loop import compile_modules
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data")
     parser.add_argument("--preset", default="minilm")
@@ -39,11 +47,26 @@ def main() -> None:
     parser.add_argument("--multiple", type=int, default=16)
     parser.add_argument("--entities", type=int, default=5000, help="the table's rows (ids past it: unlinked)")
     parser.add_argument("--compile", action="store_true", help="compile the stacks, as the job does on GPUs")
-    args = parser.parse_args()
+    parser.add_argument("--processes", type=int, default=1, help="copies side by side, each its own process")
+    # a side-by-side copy's: where it leaves its figures, and DIR:N, the folder where N copies meet
+    # after their warm-up, so that no copy's compilation overlaps another's timed rounds
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.processes < 1:
+        parser.error(f"--processes must be >= 1, got {args.processes}")
+    return args
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Times the training step with each padding, prints its table, returns the figures."""
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = load_config(args.preset, overrides=[f"num_entities={args.entities}"])
-    rows = list(data.cached_batches(shard_files(args.data, "train"), args.steps * args.batch, args.batch, {}, [0, 0, 0]))
+    files = shard_files(args.data, "train")
+    if not files:
+        sys.exit(f"no train shards under {args.data}: a built dataset is needed (eae data build, experiments/regime/data.sh)")
+    rows = list(data.cached_batches(files, args.steps * args.batch, args.batch, {}, [0, 0, 0]))
     paddings = {"max_length": 0, f"multiple of {args.multiple}": args.multiple}
     batches = {name: [data.collate(r, 0, 0, 0.2, args.entities, config.max_length, m).to(device) for r in rows]
                for name, m in paddings.items()}
@@ -71,6 +94,8 @@ def main() -> None:
 
     for name in paddings:  # warm-up: every shape once (compilation, attention plans)
         run(name)
+    if args.barrier:
+        meet(*args.barrier.rsplit(":", 1))
     times = {name: [] for name in paddings}
     for _ in range(args.rounds):
         for name in paddings:
@@ -86,6 +111,60 @@ def main() -> None:
         tokens = statistics.fmean(b.input_ids.numel() for b in batches[name])
         ms = statistics.median(times[name])
         print(f"{name:>16} {tokens:12,.0f} {','.join(map(str, lengths)):>12} {ms:9.1f} {ms / base:13.2f}x")
+    return {"max_length_ms": base, "multiple_ms": statistics.median(times[f"multiple of {args.multiple}"])}
+
+
+def meet(folder: str, n: str) -> None:
+    """Waits until n copies have reached this point (each leaves a file in folder)."""
+    Path(folder, f"ready-{time.monotonic_ns()}-{id(folder)}").touch()
+    while len(list(Path(folder).glob("ready-*"))) < int(n):
+        time.sleep(0.05)
+
+
+def side_by_side(args: argparse.Namespace, argv: list[str]) -> None:
+    """Runs args.processes copies at once, prints each one's table and the medians over them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copies = []
+        for i in range(args.processes):
+            cmd = [sys.executable, __file__, *argv, "--processes", "1", "--json", f"{tmp}/{i}.json",
+                   "--barrier", f"{tmp}:{args.processes}"]
+            copies.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [c.communicate()[0] for c in copies]
+        for i, (c, out) in enumerate(zip(copies, outputs)):
+            print(f"## process {i + 1} of {args.processes}\n{out.rstrip()}")
+            if c.returncode:
+                sys.exit(f"process {i + 1} of {args.processes} failed (exit {c.returncode}), its output above")
+        figures = [json.loads(Path(tmp, f"{i}.json").read_text()) for i in range(args.processes)]
+    base = [f["max_length_ms"] for f in figures]
+    padded = [f["multiple_ms"] for f in figures]
+    ratios = [p / b for p, b in zip(padded, base)]
+    print(f"{args.processes} processes side by side, medians (range): max_length {statistics.median(base):.1f} ms "
+          f"({min(base):.1f}-{max(base):.1f}), multiple of {args.multiple} {statistics.median(padded):.1f} ms "
+          f"({min(padded):.1f}-{max(padded):.1f}), {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)")
+
+
+def without_processes(argv: list[str]) -> list[str]:
+    """argv less its --processes N (or --processes=N): the copies' own arguments."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--processes":
+            skip = True
+        elif not a.startswith("--processes="):
+            kept.append(a)
+    return kept
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.processes > 1:
+        side_by_side(args, without_processes(argv))
+        return
+    figures = measure(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures))
 
 
 if __name__ == "__main__":

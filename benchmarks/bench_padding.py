@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -116,29 +117,37 @@ def measure(args: argparse.Namespace) -> dict:
 
 def meet(folder: str, n: str) -> None:
     """Waits until n copies have reached this point (each leaves a file in folder)."""
-    Path(folder, f"ready-{time.monotonic_ns()}-{id(folder)}").touch()
+    Path(folder, f"ready-{os.getpid()}").touch()
     while len(list(Path(folder).glob("ready-*"))) < int(n):
         time.sleep(0.05)
 
 
 def side_by_side(args: argparse.Namespace, argv: list[str]) -> None:
-    """Runs args.processes copies at once, prints each one's table and the medians over them."""
+    """Runs args.processes copies at once, prints each one's table and the medians over them.
+    A copy that fails stops the others (they would wait for it at the barrier)."""
+    n = args.processes
     with tempfile.TemporaryDirectory() as tmp:
         copies = []
-        for i in range(args.processes):
+        for i in range(n):
             cmd = [sys.executable, __file__, *argv, "--processes", "1", "--json", f"{tmp}/{i}.json",
-                   "--barrier", f"{tmp}:{args.processes}"]
-            copies.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = [c.communicate()[0] for c in copies]
-        for i, (c, out) in enumerate(zip(copies, outputs)):
-            print(f"## process {i + 1} of {args.processes}\n{out.rstrip()}")
-            if c.returncode:
-                sys.exit(f"process {i + 1} of {args.processes} failed (exit {c.returncode}), its output above")
-        figures = [json.loads(Path(tmp, f"{i}.json").read_text()) for i in range(args.processes)]
+                   "--barrier", f"{tmp}:{n}"]
+            with open(f"{tmp}/{i}.out", "w") as out:
+                copies.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+        while any(c.poll() is None for c in copies):
+            if any(c.returncode for c in copies):
+                for c in copies:
+                    c.terminate()
+            time.sleep(0.2)
+        for i, c in enumerate(copies):
+            print(f"## process {i + 1} of {n}\n{Path(tmp, f'{i}.out').read_text().rstrip()}")
+        failed = [i + 1 for i, c in enumerate(copies) if c.returncode]
+        if failed:
+            sys.exit(f"process(es) {', '.join(map(str, failed))} of {n} failed or were stopped, their output above")
+        figures = [json.loads(Path(tmp, f"{i}.json").read_text()) for i in range(n)]
     base = [f["max_length_ms"] for f in figures]
     padded = [f["multiple_ms"] for f in figures]
     ratios = [p / b for p, b in zip(padded, base)]
-    print(f"{args.processes} processes side by side, medians (range): max_length {statistics.median(base):.1f} ms "
+    print(f"{n} processes side by side, medians (range): max_length {statistics.median(base):.1f} ms "
           f"({min(base):.1f}-{max(base):.1f}), multiple of {args.multiple} {statistics.median(padded):.1f} ms "
           f"({min(padded):.1f}-{max(padded):.1f}), {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)")
 

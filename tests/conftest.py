@@ -52,6 +52,9 @@ def ray_cluster():
     `ray job submit --working-dir .` gives them. It never binds 6379 (Redis is there)."""
     import ray
 
+    if ray.is_initialized():  # else every test of this process fails with Ray's "ray.init twice"
+        pytest.fail("Ray was started in this test process before the tests' cluster: a test or fixture ran Ray "
+                    "(Ray Data, a build) without taking the ray_cluster fixture")
     ray.init(
         address="local",  # always a new cluster, never one a stale /tmp/ray file points at
         num_cpus=2,

@@ -13,7 +13,9 @@ SCRIPT = Path(__file__).parents[2] / "benchmarks" / "bench_padding.py"
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(ray_cluster, tmp_path_factory):
+    """A built 300-entity world (its build runs Ray Data: on the tests' cluster, or it would start
+    one of its own in this process and every later test's cluster would fail to start)."""
     from eae_data.synth import write_world
     from eae_platform.preprocess.build import BuildSettings, build
 

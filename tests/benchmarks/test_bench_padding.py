@@ -54,15 +54,16 @@ def test_without_a_built_dataset_it_says_so_in_a_line(tmp_path):
         assert done.returncode != 0
         assert "no train shards under" in done.stdout + done.stderr
         assert "Traceback" not in done.stdout + done.stderr
-    done = bench(tmp_path, "--processes", "0")
-    assert done.returncode == 2 and "--processes must be >= 1" in done.stderr
 
 
-def test_the_copies_are_given_every_argument_but_processes():
+def test_the_copies_are_given_every_argument_but_processes_and_at_least_one_copy_is_asked_for(capsys):
     sys.path.insert(0, str(SCRIPT.parent))
     try:
-        from bench_padding import without_processes
+        from bench_padding import parse_args, without_processes
     finally:
         sys.path.remove(str(SCRIPT.parent))
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["data", "--processes", "0"])
+    assert stopped.value.code == 2 and "--processes must be >= 1, got 0" in capsys.readouterr().err
     assert without_processes(["d", "--rounds", "2", "--processes", "2", "--steps", "2"]) == ["d", "--rounds", "2", "--steps", "2"]
     assert without_processes(["d", "--processes=3", "--compile"]) == ["d", "--compile"]

@@ -104,6 +104,7 @@ def measure(args: argparse.Namespace) -> dict:
     real = statistics.fmean(int(b.attention_mask.sum()) for b in batches["max_length"])
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"preset {args.preset}, batch {args.batch}, {args.steps} batches x {args.rounds} rounds, compile {args.compile}, "
+          f"{torch.get_num_threads()} CPU thread(s), "
           f"{real:,.0f} real tokens a step")
     base = statistics.median(times["max_length"])
     print(f"{'padding':>16} {'tokens/step':>12} {'lengths':>12} {'ms/step':>9} {'vs max_length':>14}")
@@ -126,13 +127,16 @@ def side_by_side(args: argparse.Namespace, argv: list[str]) -> None:
     """Runs args.processes copies at once, prints each one's table and the medians over them.
     A copy that fails stops the others (they would wait for it at the barrier)."""
     n = args.processes
+    # each copy its share of the host's cores (torch's CPU threads), unless set: N copies each
+    # taking every core contend for them, and on a CPU their step times measure the contention
+    env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n)), **os.environ}
     with tempfile.TemporaryDirectory() as tmp:
         copies = []
         for i in range(n):
             cmd = [sys.executable, __file__, *argv, "--processes", "1", "--json", f"{tmp}/{i}.json",
                    "--barrier", f"{tmp}:{n}"]
             with open(f"{tmp}/{i}.out", "w") as out:
-                copies.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+                copies.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
         while any(c.poll() is None for c in copies):
             if any(c.returncode for c in copies):
                 for c in copies:

@@ -1,6 +1,7 @@
 """benchmarks/bench_padding.py: one copy's table, N copies side by side with their medians, and
 a clear refusal without a built dataset (the figures themselves are timings: not asserted)."""
 
+import os
 import re
 import statistics
 import subprocess
@@ -27,7 +28,9 @@ def world(ray_cluster, tmp_path_factory):
 
 
 def bench(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 def test_side_by_side_copies_each_print_their_table_and_the_medians_are_theirs(world):
@@ -35,6 +38,9 @@ def test_side_by_side_copies_each_print_their_table_and_the_medians_are_theirs(w
     assert done.returncode == 0, done.stderr + done.stdout
     out = done.stdout
     assert [int(n) for n in re.findall(r"^## process (\d) of 2$", out, re.M)] == [1, 2], out
+    # each copy its share of the cores, as the study gives each cell its own
+    threads = max(1, os.cpu_count() // 2)
+    assert re.findall(r", (\d+) CPU thread\(s\), ", out) == [str(threads)] * 2, out
     base = [float(m) for m in re.findall(r"^\s+max_length\s+[\d,]+\s+128\s+([\d.]+)\s+1\.00x$", out, re.M)]
     padded = [float(m) for m in re.findall(r"^\s+multiple of 16\s+[\d,]+\s+[\d,]+\s+([\d.]+)\s+[\d.]+x$", out, re.M)]
     assert len(base) == len(padded) == 2, out

@@ -34,6 +34,7 @@ import torch
 from eae_data.shards import shard_files
 from eae_model.config import load_config
 from eae_model.model import EaEModel
+from eae_platform.bench import device_name
 from eae_platform.pretrain import data
 from eae_platform.pretrain.loop import compile_modules
 
@@ -61,7 +62,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> dict:
     """Times the training step with each padding, prints its table, returns the figures."""
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = load_config(args.preset, overrides=[f"num_entities={args.entities}"])
     files = shard_files(args.data, "train")
@@ -102,7 +102,7 @@ def measure(args: argparse.Namespace) -> dict:
         for name in paddings:
             times[name].append(run(name))
     real = statistics.fmean(int(b.attention_mask.sum()) for b in batches["max_length"])
-    print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
+    print(f"device {device_name(device)}, torch {torch.__version__}, "
           f"preset {args.preset}, batch {args.batch}, {args.steps} batches x {args.rounds} rounds, compile {args.compile}, "
           f"{torch.get_num_threads()} CPU thread(s), "
           f"{real:,.0f} real tokens a step")

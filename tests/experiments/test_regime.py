@@ -725,12 +725,14 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
 
 
 def test_the_figures_notes_under_close_ticks_do_not_overlap(tmp_path):
-    """draw: two points under 3x apart on the log axis (0.012 and 0.025, as 20k `medium` and 5k
-    `small`) put their notes on different lines; a third 4x further on goes back to the first."""
+    """draw: two points under 3.5x apart on the log axis (0.0009 and 0.003, as 5k `minilm` and 5k
+    `medium`, 3.3x; 0.012 and 0.025, as 20k `medium` and 5k `small`) put their notes on different
+    lines; a point 4x further on goes back to the first."""
     import re
 
     tables = _results_tables()
-    points = {((20000, 4), "medium"): 0.012, ((5000, 4), "small"): 0.025, ((20000, 4), "small"): 0.098}
+    points = {((5000, 4), "minilm"): 0.0009, ((5000, 4), "medium"): 0.003, ((20000, 4), "medium"): 0.012,
+              ((5000, 4), "small"): 0.025, ((20000, 4), "small"): 0.098}
     setting = {p: {"ratio": r} for p, r in points.items()}
     gaps = {(w, z, "qa_em"): (0.05, 0.02) for (w, z) in points}
     notes = {p: f"note-{p[1]}-{p[0][0]}" for p in points}
@@ -743,4 +745,6 @@ def test_the_figures_notes_under_close_ticks_do_not_overlap(tmp_path):
         return float(m[2])
 
     close, far = y("note-small-5000") - y("note-medium-20000"), y("note-small-20000") - y("note-medium-20000")
+    assert close > 5 and abs(far) < 1, (close, far)
+    close, far = y("note-medium-5000") - y("note-minilm-5000"), y("note-medium-20000") - y("note-minilm-5000")
     assert close > 5 and abs(far) < 1, (close, far)

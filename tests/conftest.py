@@ -67,22 +67,32 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
-def synth_pretrained(ray_cluster, tmp_path_factory):
-    """(dir, pretraining summary, sqlite URI): tiny EaE pretrained with Ray Train (1 worker,
-    150 steps) on a 300-entity synthetic world. dir holds world/ (questions), data/ (shards and
-    entity vocabulary), model/ (the model directory) and mlflow.db, where the model is
-    registered as models:/eae-world@pretrained. Shared by the QA and evaluation tests."""
-    import json
-
+def synth_world(ray_cluster, tmp_path_factory):
+    """A dir holding a 300-entity synthetic world, world/ (its dump and questions), built into
+    data/ (shards and entity vocabulary). The build runs Ray Data: on the tests' cluster, or it
+    would start one of its own in this process and every later test's cluster would fail."""
     from eae_data.synth import write_world
     from eae_platform.preprocess.build import BuildSettings, build
-    from eae_platform.pretrain.config import load_pretrain_config
-    from eae_platform.pretrain.job import run
 
     tmp = tmp_path_factory.mktemp("qa")
     write_world(tmp / "world", 300, seed=0)
     build(BuildSettings(dumps=[str(tmp / "world" / "world.xml")], out=str(tmp / "data"), dev_fraction=0.1,
                         test_fraction=0.05, shard_rows=100))
+    return tmp
+
+
+@pytest.fixture(scope="session")
+def synth_pretrained(synth_world):
+    """(dir, pretraining summary, sqlite URI): tiny EaE pretrained with Ray Train (1 worker,
+    150 steps) on synth_world, whose dir it adds model/ (the model directory) and mlflow.db to,
+    where the model is registered as models:/eae-world@pretrained. Shared by the QA and
+    evaluation tests."""
+    import json
+
+    from eae_platform.pretrain.config import load_pretrain_config
+    from eae_platform.pretrain.job import run
+
+    tmp = synth_world
     num_entities = json.loads((tmp / "data" / "manifest.json").read_text())["counts"]["entities"]
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     config = load_pretrain_config(None, [

@@ -14,17 +14,9 @@ SCRIPT = Path(__file__).parents[2] / "benchmarks" / "bench_padding.py"
 
 
 @pytest.fixture(scope="module")
-def world(ray_cluster, tmp_path_factory):
-    """A built 300-entity world (its build runs Ray Data: on the tests' cluster, or it would start
-    one of its own in this process and every later test's cluster would fail to start)."""
-    from eae_data.synth import write_world
-    from eae_platform.preprocess.build import BuildSettings, build
-
-    tmp = tmp_path_factory.mktemp("padding")
-    write_world(tmp / "world", 300, seed=0)
-    build(BuildSettings(dumps=[str(tmp / "world" / "world.xml")], out=str(tmp / "data"), dev_fraction=0.1,
-                        test_fraction=0.05, shard_rows=100))
-    return tmp / "data"
+def world(synth_world):
+    """The tests' built 300-entity world (conftest's synth_world)."""
+    return synth_world / "data"
 
 
 def bench(*args) -> subprocess.CompletedProcess:

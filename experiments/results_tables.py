@@ -1049,6 +1049,33 @@ def print_dev_curves(paths: list[Path]) -> None:
         print("\n" + table(head, rows) + "\n")
 
 
+def tick_labels(xs: list, under: dict, xlim: tuple, fontsize: float, axis_in: float) -> list[str]:
+    """Each log-axis tick's label: its value, then its note (under[x]) below. Line by line, each
+    line takes the first row, at or below the one above it in its label, where it meets no line
+    already placed (its width measured in the font, in decades of the axis): close points (5k
+    `minilm` 0.0009 beside 5k `medium` 0.003; 20k `minilm` 0.0037 beside that 0.003) would
+    otherwise write over each other."""
+    from matplotlib.textpath import TextPath
+
+    decades_per_in = math.log10(xlim[1] / xlim[0]) / axis_in
+    placed, labels = [], []  # placed: (row, lo, hi) of every line so far, in decades
+    for x in xs:
+        rows, row = [], 0
+        for line in [f"{x:.3g}"] + ([under[x]] if x in under else []):
+            half = TextPath((0, 0), line, size=fontsize).get_extents().width / 72 * decades_per_in / 2 + 0.02
+            lo, hi = math.log10(x) - half, math.log10(x) + half
+            while any(r == row and lo < h and l < hi for r, l, h in placed):
+                row += 1
+            placed.append((row, lo, hi))
+            rows.append((row, line))
+            row += 1
+        lines = [""] * (rows[-1][0] + 1)  # blank lines keep each line on its row
+        for r, line in rows:
+            lines[r] = line
+        labels.append("\n".join(lines))
+    return labels
+
+
 def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> None:
     """The gaps against each point's facts per transformer parameter; notes[(world, size)],
     where given, is written under the point's tick (--best-recipe: the transformer and the
@@ -1081,16 +1108,12 @@ def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> No
     ax.set_xscale("log")
     xs = sorted({s["ratio"] for s in setting.values()})
     under = {setting[p]["ratio"]: n for p, n in (notes or {}).items() if p in setting}
-    # a note closer than 3.5x to the previous tick's (a log axis) drops a line, so the two don't
-    # overlap (3.4x, minilm's 0.0009 beside medium's 0.003 on 2.7 decades, did at 3)
-    labels, dropped = [], False
-    for i, x in enumerate(xs):
-        dropped = x in under and i > 0 and xs[i - 1] in under and x / xs[i - 1] < 3.5 and not dropped
-        labels.append(f"{x:.3g}" + ("\n" * (1 + dropped) + under[x] if x in under else ""))
+    labels = tick_labels(xs, under, ax.get_xlim(), fontsize=8 if under else 10,
+                         axis_in=fig.get_figwidth() * ax.get_position().width)
     ax.set_xticks(xs, labels, fontsize=8 if under else None)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("facts stated in pretraining text per transformer parameter")
-    ax.set_ylabel("EaE − No-EaE (points, 95% interval over seeds)")
+    ax.set_ylabel("EaE − No-EaE (points)\n95% interval over seeds")  # one line outgrew the axis
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

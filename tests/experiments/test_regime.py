@@ -724,27 +724,34 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
         assert row[2 + column] == gap, (label, row)
 
 
-def test_the_figures_notes_under_close_ticks_do_not_overlap(tmp_path):
-    """draw: two points under 3.5x apart on the log axis (0.0009 and 0.003, as 5k `minilm` and 5k
-    `medium`, 3.3x; 0.012 and 0.025, as 20k `medium` and 5k `small`) put their notes on different
-    lines; a point 4x further on goes back to the first."""
+def test_the_figures_tick_labels_do_not_overlap(tmp_path):
+    """draw: the grid's points, close on the log axis (0.0009, 0.003 and 0.0037, as 5k `minilm`,
+    5k `medium` and 20k `minilm`; 0.012 and 0.025), each with its value and a note under it: no two
+    lines of the labels overlap where the SVG puts them (widths measured in their font), and a
+    line goes back to the first rows where nothing is in its way (0.098 is 4x from 0.025)."""
     import re
 
+    from matplotlib.textpath import TextPath
+
     tables = _results_tables()
-    points = {((5000, 4), "minilm"): 0.0009, ((5000, 4), "medium"): 0.003, ((20000, 4), "medium"): 0.012,
-              ((5000, 4), "small"): 0.025, ((20000, 4), "small"): 0.098}
+    points = {((5000, 4), "minilm"): 0.0009, ((5000, 4), "medium"): 0.003, ((20000, 4), "minilm"): 0.0037,
+              ((20000, 4), "medium"): 0.012, ((5000, 4), "small"): 0.025, ((20000, 4), "small"): 0.098}
     setting = {p: {"ratio": r} for p, r in points.items()}
     gaps = {(w, z, "qa_em"): (0.05, 0.02) for (w, z) in points}
-    notes = {p: f"note-{p[1]}-{p[0][0]}" for p in points}
+    notes = {p: f"{p[1]} {p[0][0]}, table 10x" for p in points}
     tables.draw(setting, gaps, tmp_path / "f.svg", notes)
     svg = (tmp_path / "f.svg").read_text()
 
-    def y(text):  # matplotlib writes each line of a tick label as its own <text>, placed by a translate
+    def at(text):  # matplotlib writes each line of a tick label as its own <text>, its left end placed by a translate
         m = re.search(r'<text[^>]*transform="translate\(([-\d.]+) ([-\d.]+)\)[^>]*>' + re.escape(text) + "<", svg)
         assert m, text
-        return float(m[2])
+        return float(m[1]), float(m[2]), TextPath((0, 0), text, size=8).get_extents().width
 
-    close, far = y("note-small-5000") - y("note-medium-20000"), y("note-small-20000") - y("note-medium-20000")
-    assert close > 5 and abs(far) < 1, (close, far)
-    close, far = y("note-medium-5000") - y("note-minilm-5000"), y("note-medium-20000") - y("note-minilm-5000")
-    assert close > 5 and abs(far) < 1, (close, far)
+    lines = {t: at(t) for t in [f"{r:.3g}" for r in points.values()] + list(notes.values())}
+    for a, (xa, ya, wa) in lines.items():
+        for b, (xb, yb, wb) in lines.items():
+            assert a == b or abs(ya - yb) > 5 or xa + wa <= xb or xb + wb <= xa, (a, b, lines[a], lines[b])
+    rows = sorted({round(y) for _, y, _ in lines.values()})
+    row = {t: rows.index(round(y)) for t, (_, y, _) in lines.items()}
+    assert row["0.0009"] == row["0.003"] == row["0.012"] == row["0.098"] == 0 and row["0.0037"] > 0, row
+    assert row["small 20000, table 10x"] == row["minilm 5000, table 10x"] == 1, row

@@ -1077,9 +1077,11 @@ def tick_labels(xs: list, under: dict, xlim: tuple, fontsize: float, axis_in: fl
 
 
 def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> None:
-    """The gaps against each point's facts per transformer parameter; notes[(world, size)],
-    where given, is written under the point's tick (--best-recipe: the transformer and the
-    picks' table lr). Text stays text in the SVG (svg.fonttype none): searchable, and small."""
+    """The gaps against each point's facts per transformer parameter, a panel a metric, a line a
+    transformer (and number of times a fact is stated): a line joining different transformers
+    would draw a trend across sizes that no run measured. notes[(world, size)], where given, is
+    written under the point's tick (--best-recipe: the transformer and the picks' table lr).
+    Text stays text in the SVG (svg.fonttype none): searchable, and small."""
     import matplotlib
     import matplotlib.ticker
 
@@ -1089,22 +1091,34 @@ def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> No
     plt.rcParams["svg.fonttype"] = "none"
     plt.rcParams["svg.hashsalt"] = "eae"  # fixed element ids and (savefig below) no date: a rerun rewrites the same file
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    metrics = [k for k in ("qa_em", "recall_stated", "masked_entity") if any(kk == k for (_, _, kk) in gaps)]
+    fig, axes = plt.subplots(len(metrics), 1, sharex=True, figsize=(6.4, 1.2 + 2.0 * len(metrics)), squeeze=False)
     renderings = sorted({w[1] for (w, _, _) in gaps})
+    sizes = sorted({z for (_, z, _) in gaps}, key=lambda z: min(s["ratio"] for (w, zz), s in setting.items() if zz == z))
+    style = {z: (f"C{i}", "os^Dv"[i % 5]) for i, z in enumerate(sizes)}  # one colour and marker a transformer in every panel
     drawn = 0
-    for k, marker in (("recall_stated", "o"), ("masked_entity", "s"), ("qa_em", "^")):
-        for r in renderings:  # one line per metric and number of times a fact is stated
-            points = sorted((setting[(w, z)]["ratio"], *gaps[(w, z, kk)], z)
-                            for (w, z, kk) in gaps if kk == k and w[1] == r and (w, z) in setting)
-            if not points:
-                continue
-            drawn += len(points)
-            xs = [p[0] for p in points]
-            label = METRICS[k][2] + (f" (facts stated {r}x)" if len(renderings) > 1 else "")
-            ax.errorbar(xs, [p[1] for p in points], yerr=[0 if math.isnan(p[2]) else p[2] for p in points],
-                        marker=marker, capsize=4, label=label, linestyle="-" if r == 1 else "--",
-                        fillstyle="full" if r == 1 else "none")
-    ax.axhline(0, color="grey", lw=0.8)
+    for ax, k in zip(axes[:, 0], metrics):
+        for z in sizes:
+            for r in renderings:
+                points = sorted((setting[(w, zz)]["ratio"], *gaps[(w, zz, kk)])
+                                for (w, zz, kk) in gaps if kk == k and zz == z and w[1] == r and (w, zz) in setting)
+                if not points:
+                    continue
+                drawn += len(points)
+                color, marker = style[z]
+                ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[0 if math.isnan(p[2]) else p[2] for p in points],
+                            color=color, marker=marker, capsize=4, linestyle="-" if r == 1 else "--",
+                            fillstyle="full" if r == 1 else "none",
+                            label=z + (f" (facts stated {r}x)" if len(renderings) > 1 else ""))
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_title(METRICS[k][2], fontsize=9, loc="left")
+        ax.set_ylabel("points", fontsize=8)
+    legend = {}  # every panel's lines, once a label: a panel may lack a line another has
+    for ax in axes[:, 0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    axes[0, 0].legend(legend.values(), legend.keys(), fontsize=8)
+    ax = axes[-1, 0]
     ax.set_xscale("log")
     xs = sorted({s["ratio"] for s in setting.values()})
     under = {setting[p]["ratio"]: n for p, n in (notes or {}).items() if p in setting}
@@ -1113,8 +1127,7 @@ def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> No
     ax.set_xticks(xs, labels, fontsize=8 if under else None)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("facts stated in pretraining text per transformer parameter")
-    ax.set_ylabel("EaE − No-EaE (points)\n95% interval over seeds")  # one line outgrew the axis
-    ax.legend(fontsize=8)
+    fig.suptitle("EaE − No-EaE, paired by seed (95% interval)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, metadata={"Date": None})

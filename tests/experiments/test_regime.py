@@ -755,3 +755,7 @@ def test_the_figures_tick_labels_do_not_overlap(tmp_path):
     row = {t: rows.index(round(y)) for t, (_, y, _) in lines.items()}
     assert row["0.0009"] == row["0.003"] == row["0.012"] == row["0.098"] == 0 and row["0.0037"] > 0, row
     assert row["small 20000, table 10x"] == row["minilm 5000, table 10x"] == 1, row
+    # a line a transformer, each named once in the legend (one line through all three drew a
+    # trend across sizes), in the one panel of the one metric given
+    assert [svg.count(f">{z}<") for z in ("minilm", "medium", "small")] == [1, 1, 1], svg
+    assert svg.count(">QA test EM<") == 1 and ">masked entity acc (test articles)<" not in svg

@@ -759,3 +759,11 @@ def test_the_figures_tick_labels_do_not_overlap(tmp_path):
     # trend across sizes), in the one panel of the one metric given
     assert [svg.count(f">{z}<") for z in ("minilm", "medium", "small")] == [1, 1, 1], svg
     assert svg.count(">QA test EM<") == 1 and ">masked entity acc (test articles)<" not in svg
+
+
+def test_the_figure_is_not_drawn_without_a_gap(tmp_path, capsys):
+    """draw with no EaE − No-EaE gap (stores of one model only) says so and writes no file."""
+    tables = _results_tables()
+    tables.draw({((5000, 4), "small"): {"ratio": 0.025}}, {}, tmp_path / "f.svg")
+    assert "figure: not drawn, no EaE − No-EaE gap" in capsys.readouterr().out
+    assert not (tmp_path / "f.svg").exists()

@@ -1092,23 +1092,25 @@ def draw(setting: dict, gaps: dict, path: Path, notes: dict | None = None) -> No
     plt.rcParams["svg.hashsalt"] = "eae"  # fixed element ids and (savefig below) no date: a rerun rewrites the same file
 
     gaps = {(w, z, k): g for (w, z, k), g in gaps.items() if (w, z) in setting}
-    metrics = [k for k in ("qa_em", "recall_stated", "masked_entity") if any(kk == k for (_, _, kk) in gaps)]
+    lines = {}  # (metric, transformer, times a fact is stated): its points, (ratio, gap, half-width)
+    for (w, z, k), g in gaps.items():
+        lines.setdefault((k, z, w[1]), []).append((setting[(w, z)]["ratio"], *g))
+    metrics = [k for k in ("qa_em", "recall_stated", "masked_entity") if any(kk == k for (kk, _, _) in lines)]
     if not metrics:  # stores of one model only, say: nothing to draw, and no empty file
         print(f"figure: not drawn, no EaE − No-EaE gap in these stores ({path})")
         return
     fig, axes = plt.subplots(len(metrics), 1, sharex=True, figsize=(6.4, 1.2 + 2.0 * len(metrics)), squeeze=False)
-    renderings = sorted({w[1] for (w, _, _) in gaps})
+    renderings = sorted({r for (_, _, r) in lines})
     ratio = {}  # a transformer's smallest facts per parameter: the legend's order
-    for (w, z, _) in gaps:
-        ratio[z] = min(ratio.get(z, math.inf), setting[(w, z)]["ratio"])
+    for (_, z, _), points in lines.items():
+        ratio[z] = min(ratio.get(z, math.inf), *(p[0] for p in points))
     sizes = sorted(ratio, key=ratio.get)
     style = {z: (f"C{i}", "os^Dv"[i % 5]) for i, z in enumerate(sizes)}  # one colour and marker a transformer in every panel
     drawn = 0
     for ax, k in zip(axes[:, 0], metrics):
         for z in sizes:
             for r in renderings:
-                points = sorted((setting[(w, zz)]["ratio"], *gaps[(w, zz, kk)])
-                                for (w, zz, kk) in gaps if kk == k and zz == z and w[1] == r)
+                points = sorted(lines.get((k, z, r), []))
                 if not points:
                     continue
                 drawn += len(points)

@@ -80,11 +80,11 @@ def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_
         assert table in printed, next(line for line in table.splitlines() if line not in out)
     assert figure.read_bytes() == (REPO / "docs" / "results" / "regime-best-recipe.svg").read_bytes()
 
-    # the summary's 10x rows: each model at its pick, EaE − No-EaE (the gap table's 7 points)
+    # the summary's 10x rows: each model at its pick, EaE − No-EaE (the gap table's 8 points)
     [gaps] = [t for t in shown if "| No-EaE's recipe |" in t.splitlines()[0]]
     by_point = _gap_rows(gaps)
     points = [_cells(line) for line in _summary(text).splitlines() if line.startswith("| 10x: ")]
-    assert len(points) == len(by_point) == 7, (points, sorted(by_point))
+    assert len(points) == len(by_point) == 8, (points, sorted(by_point))
     for point, *cells in points:
         size, ratio = re.fullmatch(r"10x: \d+k, `(\w+)` \((\d\.\d+)\)", point).groups()
         world = WORLDS[point.split()[1].rstrip(",")]

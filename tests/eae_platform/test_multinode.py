@@ -322,6 +322,19 @@ def test_the_cluster_refuses_a_client_without_its_token(two_nodes):
         assert r.status == 200
 
 
+def test_scripts_main_s_wait_for_the_job_api_carries_the_token(two_nodes):
+    """scripts/main waits for the head's job API with scripts/wait-for-job-api: with the token in
+    its environment it returns at once; with another token it waits out its time and says so (a
+    poll without the token once cost every scripts/main run its full 120 s)."""
+    wait = [str(Path(__file__).resolve().parents[2] / "scripts" / "wait-for-job-api"), two_nodes.dashboard]
+    started = time.monotonic()
+    ready = subprocess.run([*wait, "20"], env=two_nodes.env, capture_output=True, text=True, timeout=60)
+    assert ready.returncode == 0 and time.monotonic() - started < 10, ready.stderr
+    other = {**two_nodes.env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    refused = subprocess.run([*wait, "2"], env=other, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "no answer from" in refused.stderr, refused.stderr
+
+
 def _link(url: str, text: str) -> tuple[dict, str]:
     """POST /v1/link; (the answer, Serve's request id from the x-request-id header)."""
     request = urllib.request.Request(f"{url}/v1/link", data=json.dumps({"text": text, "top_k": 2}).encode(),

@@ -197,6 +197,7 @@ grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
     assert "test/em" in selected[0].data.metrics  # test evaluated for the selected trial only
     assert sum("test/em" in c.data.metrics for c in children) == 1
     assert parent.data.metrics["test/em"] == summary["test"]["em"] and parent.data.metrics["sweep/trials"] == 4
+    assert parent.data.metrics["test/prior_em"] == summary["test"]["prior_em"] == selected[0].data.metrics["test/prior_em"]
     assert parent.data.tags["eae.best_run_id"] == best["mlflow_run_id"]
     # the selected model registered (a new version, no alias moved), linked to its trial's run
     name, number = summary["model_uri"].removeprefix("models:/").split("/")
@@ -220,6 +221,9 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     first = json.loads((tmp_path / "tune" / "crash" / "sweep.json").read_text())
     parent = MlflowClient(uri).get_run(first["parent_run_id"])
     assert parent.data.metrics["sweep/failed"] == 1 and "crash_once_file" in parent.data.tags["eae.failed_trials"]
+    # the selected model's test EM beside the prior-only baseline, as `eae finetune qa` prints it
+    prior = parent.data.metrics["test/prior_em"]
+    assert 0 < prior < 1 and f"prior-only baseline {100 * prior:.1f}, " in captured.out
 
     assert cli.main(["tune", "--space", str(path), "--resume"]) == 0
     out = capsys.readouterr().out

@@ -312,11 +312,11 @@ def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> 
     parent.set_tags({"eae.best_trial": best["trial"], "eae.best_run_id": best["mlflow_run_id"] or "",
                      **{f"eae.best.{k}": best[k] for k in space.grid}})
     parent.log_metrics({"dev/em": best["dev_em"], "test/em": test["em"], "test/oracle": test["oracle"],
-                        "dev/oracle": test["dev_oracle"]}, step=0)
+                        "test/prior_em": test["prior_em"], "dev/oracle": test["dev_oracle"]}, step=0)
     registered = {}
     if best["mlflow_run_id"]:
         child = Tracker(experiment, uri=mlflow_uri, run_id=best["mlflow_run_id"])
-        child.log_metrics({"test/em": test["em"], "test/oracle": test["oracle"]}, step=0)
+        child.log_metrics({"test/em": test["em"], "test/oracle": test["oracle"], "test/prior_em": test["prior_em"]}, step=0)
         child.set_tags({"eae.selected": "true"})
         config = space.trial_config({k: best[k] for k in space.grid})
         registered = register_qa_model(child, config, Path(best["checkpoint"]), config.steps)
@@ -327,7 +327,8 @@ def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> 
 
 
 def _evaluate_test(space: SweepSpace, best: dict, mlflow_uri: str) -> dict:
-    """The selected trial's fine-tuned model on the test split (once)."""
+    """The selected trial's fine-tuned model on the test split (once), beside the prior-only
+    baseline (each relation's most frequent training answer), as `eae finetune qa` reports it."""
     import torch
 
     from eae_model.checkpoint import load_model
@@ -337,8 +338,10 @@ def _evaluate_test(space: SweepSpace, best: dict, mlflow_uri: str) -> dict:
     config = space.trial_config({k: best[k] for k in space.grid}, init=str(model_dir), mlflow_uri=mlflow_uri)
     model = load_model(model_dir)
     task = QATask(config, model_dir, model.config.max_length)
-    test, _ = task.evaluate(model, "test", torch.device("cpu"))
-    return {"em": test["em"], "oracle": test["oracle"], "questions": test["questions"], "dev_oracle": task.oracle("dev")}
+    test, predictions = task.evaluate(model, "test", torch.device("cpu"))
+    prior = task.breakdown("test", predictions).get("test/prior_em", math.nan)
+    return {"em": test["em"], "oracle": test["oracle"], "prior_em": prior, "questions": test["questions"],
+            "dev_oracle": task.oracle("dev")}
 
 
 def format_trials(summary: dict, grid_keys: list[str]) -> str:
@@ -351,5 +354,6 @@ def format_trials(summary: dict, grid_keys: list[str]) -> str:
         lines.append("| " + " | ".join([t["trial"], *(str(t[k]) for k in grid_keys), em, status]) + " |")
     test = summary["test"]
     lines.append(f"\nselected {summary['best']['trial']}: dev EM {100 * summary['best']['dev_em']:.1f}, "
-                 f"test EM {100 * test['em']:.1f} (oracle {100 * test['oracle']:.1f}, {test['questions']} questions)")
+                 f"test EM {100 * test['em']:.1f} (oracle {100 * test['oracle']:.1f}, prior-only baseline "
+                 f"{100 * test['prior_em']:.1f}, {test['questions']} questions)")
     return "\n".join(lines)

@@ -381,7 +381,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
                     print(f"  facts pretraining {'read' if group == 'stated' else 'did not read'}: EM "
                           f"{100 * m[f'{split}/em_{group}']:.1f} (prior {100 * m[f'{split}/prior_em_{group}']:.1f}) "
                           f"over {m[f'{split}/questions_{group}']:,.0f} questions")
-    print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
+    print(f"MLflow run:  {summary['run_id']} ({summary['run_name']}) in {config.mlflow_uri}")
     if summary["model"]:
         print(f"model:       {summary['model']}")
     _print_registered(summary)

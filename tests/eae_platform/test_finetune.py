@@ -36,11 +36,11 @@ def test_finetuning_beats_the_untuned_model(synth_pretrained, capsys):
     untuned, _ = task.evaluate(model, "dev", torch.device("cpu"))
     assert task.oracle("dev") == 1.0 and untuned["questions"] > 40  # the world's answers all resolve
 
-    # the CLI, from the model registered by pretraining, as a Ray task
+    # the CLI, from the model registered by pretraining, as a Ray task; with no finetune.run_name
+    # the run is named after --out's directory, "qa-" and its name
     code = cli.main(["finetune", "qa", "--init", "models:/eae-world@pretrained", "--data", f"synth:{tmp / 'world'}",
-                     "--max-steps", "150", "--lr", "1e-3", "--batch-size", "32", "--out", str(tmp / "qa-model"),
-                     "--set", f"finetune.mlflow_uri={uri}", "--set", "finetune.run_name=qa-world",
-                     "--set", "finetune.log_every=50"])
+                     "--max-steps", "150", "--lr", "1e-3", "--batch-size", "32", "--out", str(tmp / "qa" / "world"),
+                     "--set", f"finetune.mlflow_uri={uri}", "--set", "finetune.log_every=50"])
     out = capsys.readouterr().out
     assert code == 0, out
     client = MlflowClient(uri)
@@ -50,12 +50,13 @@ def test_finetuning_beats_the_untuned_model(synth_pretrained, capsys):
     assert m["dev/em"] > untuned["em"] + 0.05, (m["dev/em"], untuned["em"])
     assert m["test/oracle"] == 1.0 and 0 <= m["test/em"] <= 1 and m["data/train_dropped_unresolved"] == 0
     assert f"dev: EM {100 * m['dev/em']:.1f} (oracle 100.0, prior-only baseline {100 * m['dev/prior_em']:.1f})" in out
+    assert f"MLflow run:  {qa_run.info.run_id} (qa-world) in {uri}" in out
     assert qa_run.data.params["finetune.init"] == "models:/eae-world@pretrained"
     assert qa_run.data.params["model.preset"] == "tiny"
     assert len(client.get_metric_history(qa_run.info.run_id, "train/loss")) == 3
     arts = {a.path for a in client.list_artifacts(qa_run.info.run_id, "predictions")}
     assert arts == {"predictions/dev.jsonl", "predictions/test.jsonl"}
-    assert (tmp / "qa-model" / "entities.parquet").is_file()
+    assert (tmp / "qa" / "world" / "entities.parquet").is_file()
     # registered as a new version of eae-qa, linked to the run; no alias moved unasked
     [version] = [v for v in MlflowClient(uri, registry_uri=uri).search_model_versions("name = 'eae-qa'")
                  if v.run_id == qa_run.info.run_id]
@@ -401,3 +402,12 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
         assert job.returncode != 0
         # the log: a line per trial event, not Tune's status tables (those come with --verbose)
         assert ": started" in out and "Trial status" not in out and "Configuration for experiment" not in out, out[-3000:]
+
+
+def test_a_qa_run_is_named_after_its_out_directory_unless_named():
+    from eae_platform.finetune.qa import run_name
+
+    assert run_name(load_finetune_config(None, [], out="runs/qa/eae"), "synth") == "qa-eae"
+    assert run_name(load_finetune_config(None, [], out="runs/qa/no_eae/"), "synth") == "qa-no_eae"
+    assert run_name(load_finetune_config(None, ["finetune.run_name=mine"], out="runs/qa/eae"), "synth") == "mine"
+    assert run_name(load_finetune_config(None, []), "fanoutqa") == "qa-fanoutqa"

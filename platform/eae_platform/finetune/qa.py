@@ -201,9 +201,17 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
     # trial ending in a restart longer than the default 10 s leaves its metrics in its unsent
     # journal, not in its run: another CI run of that test, under load)
     waits = {"open_wait_s": 60.0, "close_wait_s": 60.0} if config.parent_run_id else {}  # else Tracker's defaults
-    tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags, **waits)
+    tracker = Tracker(config.experiment, run_name=run_name(config, task.dataset.name), uri=config.mlflow_uri,
+                      tags=tags, **waits)
     with tracker:  # an exception ends the MLflow run FAILED, an interrupt (Ctrl-C, a cancelled task) KILLED
         return _train(config, report, device, model, task, vocab_dir, tracker)
+
+
+def run_name(config: FinetuneConfig, dataset: str) -> str:
+    """The MLflow run's name: finetune.run_name, else "qa-" and the --out directory's name (the
+    quick start's `--out runs/qa/eae` is `qa-eae`, a name `eae compare` and `eae eval analysis`
+    take), else "qa-" and the dataset's; never MLflow's random one, which no user would guess."""
+    return config.run_name or f"qa-{Path(config.out).name if config.out else dataset}"
 
 
 def _train(config: FinetuneConfig, report: Report | None, device: torch.device, model: EaEModel, task: QATask,
@@ -282,7 +290,7 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
         save_qa_model(model, vocab_dir, out_dir)
         if config.register:
             registered = register_qa_model(tracker, config, out_dir, steps)
-    summary = {"metrics": metrics, "run_id": tracker.run_id, "model": str(out_dir) if keep else None,
+    summary = {"metrics": metrics, "run_id": tracker.run_id, "run_name": run_name(config, task.dataset.name), "model": str(out_dir) if keep else None,
                "counts": task.counts, "steps": steps, **registered}
     if report:
         report({"step": steps, "dev/em": dev["em"], "dev/oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},

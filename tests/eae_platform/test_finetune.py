@@ -246,7 +246,8 @@ def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):
                                                  "topk/all/entity_accuracy": 0.582, "topk/1/qa_em": 0.1}),
         ("no-eae", {"model.preset": "no_eae"}, {}, {"dev_entity_acc": 0.503, "dev_token_acc": 0.443,
                                                     "dev_ppl": 21.27}),  # as pretraining logs them
-        ("qa", {}, {"eae.dataset": "synth"}, {"dev/em": 0.4312, "test/em": 0.3958, "test/oracle": 1.0}),
+        ("qa", {}, {"eae.dataset": "synth"}, {"dev/em": 0.4312, "test/em": 0.3958, "test/prior_em": 0.0521,
+                                              "test/oracle": 1.0}),
     ]:
         run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
         for k, v in params.items():
@@ -259,7 +260,7 @@ def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| eae | paper | 58.1 | 45.2 | 18.93 |" in out
     assert "| no-eae | no_eae | 50.3 | 44.3 | 21.27 |" in out
-    assert "| qa | synth | 43.1 | 39.6 | 100.0 |" in out
+    assert "| qa | synth | 43.1 | 39.6 | 5.2 | 100.0 |" in out
     assert "| 1 | 30.1 | – | – | 10.0 |" in out and "| all | 58.2 | – | – | – |" in out
     rows = list(csv.DictReader(io.StringIO(to_csv(find_runs([runs["qa"], runs["eae"]], uri)))))
     assert [r["run_name"] for r in rows] == ["qa", "eae"]

@@ -1,7 +1,8 @@
 """`eae compare RUN ...`: the paper's tables for MLflow runs, side by side.
 
     pretraining (Table 2)   dev entity accuracy, token accuracy, perplexity
-    QA (Table 4)            dev EM, test EM and the oracle (the share of resolvable answers)
+    QA (Table 4)            dev EM, test EM beside the prior-only baseline (each relation's most
+                            frequent training answer) and the oracle (the share of resolvable answers)
     top-K (Table 7)         entity acc, token acc, PPL and QA EM at K = 1, 10, 100, all
 
 A run is named by its run id or its run name (the latest run of that name). Values are each
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 PRETRAIN = [("entity acc", ("dev/entity_accuracy", "dev_entity_acc"), 100),
             ("token acc", ("dev/token_accuracy", "dev_token_acc"), 100),
             ("PPL", ("dev/perplexity", "dev_ppl"), 1)]
-QA = [("dev EM", ("dev/em",), 100), ("test EM", ("test/em",), 100), ("oracle (test)", ("test/oracle",), 100)]
+QA = [("dev EM", ("dev/em",), 100), ("test EM", ("test/em",), 100), ("prior-only (test)", ("test/prior_em",), 100),
+      ("oracle (test)", ("test/oracle",), 100)]
 TOPK = ("1", "10", "100", "all")
 TOPK_METRICS = [("entity acc", "entity_accuracy", 100), ("token acc", "token_accuracy", 100),
                 ("PPL", "perplexity", 1), ("QA EM", "qa_em", 100)]

@@ -290,8 +290,8 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
         save_qa_model(model, vocab_dir, out_dir)
         if config.register:
             registered = register_qa_model(tracker, config, out_dir, steps)
-    summary = {"metrics": metrics, "run_id": tracker.run_id, "run_name": run_name(config, task.dataset.name), "model": str(out_dir) if keep else None,
-               "counts": task.counts, "steps": steps, **registered}
+    summary = {"metrics": metrics, "run_id": tracker.run_id, "run_name": run_name(config, task.dataset.name),
+               "model": str(out_dir) if keep else None, "counts": task.counts, "steps": steps, **registered}
     if report:
         report({"step": steps, "dev/em": dev["em"], "dev/oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},
                out_dir)

@@ -22,6 +22,7 @@ moved to it; sweep trials register nothing (`register: false`; the sweep registe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -201,8 +202,8 @@ def finetune(config: FinetuneConfig, report: Report | None = None, device: torch
     # trial ending in a restart longer than the default 10 s leaves its metrics in its unsent
     # journal, not in its run: another CI run of that test, under load)
     waits = {"open_wait_s": 60.0, "close_wait_s": 60.0} if config.parent_run_id else {}  # else Tracker's defaults
-    tracker = Tracker(config.experiment, run_name=run_name(config, task.dataset.name), uri=config.mlflow_uri,
-                      tags=tags, **waits)
+    config = dataclasses.replace(config, run_name=run_name(config, task.dataset.name))  # its logged config says it too
+    tracker = Tracker(config.experiment, run_name=config.run_name, uri=config.mlflow_uri, tags=tags, **waits)
     with tracker:  # an exception ends the MLflow run FAILED, an interrupt (Ctrl-C, a cancelled task) KILLED
         return _train(config, report, device, model, task, vocab_dir, tracker)
 
@@ -290,7 +291,7 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
         save_qa_model(model, vocab_dir, out_dir)
         if config.register:
             registered = register_qa_model(tracker, config, out_dir, steps)
-    summary = {"metrics": metrics, "run_id": tracker.run_id, "run_name": run_name(config, task.dataset.name),
+    summary = {"metrics": metrics, "run_id": tracker.run_id, "run_name": config.run_name,
                "model": str(out_dir) if keep else None, "counts": task.counts, "steps": steps, **registered}
     if report:
         report({"step": steps, "dev/em": dev["em"], "dev/oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},

@@ -116,6 +116,23 @@ def test_bad_text_and_top_k(engine):
         assert caught.value.status == status
 
 
+def test_text_with_an_unpaired_surrogate_is_refused(model_dir):
+    """JSON may escape half a UTF-16 pair ("\\ud800"); the string it decodes to cannot be
+    encoded as UTF-8, so the tokenizer raised TypeError (HTTP 500) and an added title with one
+    broke every later answer that named it: a 400 that says where, before anything is added."""
+    engine = Engine(resolve(str(model_dir)))  # its own: a wrongly added entity must not reach other tests
+    for call in (lambda: engine.link_job("The river \ud800 flows."),
+                 lambda: engine.answer_job("Who \udc00?"),
+                 lambda: engine.add_entities([{"title": "Ada \ud800", "contexts": [{"text": "Ada Q", "spans": [[0, 3]]}]}]),
+                 lambda: engine.add_entities([{"title": "Ada Quill", "aliases": ["Q\ud83d"], "contexts": ["Ada Quill."]}]),
+                 lambda: engine.add_entities([{"title": "Ada Quill", "contexts": ["Ada Quill \ud800."]}])):
+        with pytest.raises(RequestError, match="unpaired surrogate") as caught:
+            call()
+        assert caught.value.status == 400
+    assert engine.table.num_entities == 512
+    assert engine.link_job(json.loads('"a pair \\ud83d\\ude00 is one character"')).text[7] == "\U0001F600"
+
+
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
 def test_faiss_index_against_exact_search(kind):
     rng = np.random.default_rng(0)

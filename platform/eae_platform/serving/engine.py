@@ -104,6 +104,18 @@ class AnswerJob:
     top_k: int = 5
 
 
+def check_encodable(text: str, what: str) -> str:
+    """JSON may escape half a UTF-16 pair ("\\ud800"), which decodes to a lone surrogate that no
+    UTF-8 encoder takes: the tokenizer raised TypeError (a 500), and an added title with one broke
+    every later response naming it. Refused here, where the text comes in."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{what} has an unpaired surrogate, {text[exc.start]!r} at character {exc.start} "
+                           "(half of a UTF-16 pair in a JSON \\u escape)") from None
+    return text
+
+
 def parse_spans(spans, text: str, max_spans: int) -> list[tuple[int, int]]:
     """[[start, length], ...] (REL's convention) -> sorted (start, end) character spans; every
     problem is a RequestError naming the span."""
@@ -199,6 +211,7 @@ class Engine:
             raise RequestError(f"{what} must be a string, got {type(text).__name__}")
         if not text.strip():
             raise RequestError(f"{what} is empty")
+        check_encodable(text, what)
         if len(text) > self.config.max_text_chars:
             raise RequestError(f"{what} has {len(text):,} characters; the limit is {self.config.max_text_chars:,}", 413)
         return text
@@ -445,6 +458,7 @@ class Engine:
             title = item.get("title")
             if not isinstance(title, str) or not title.strip():
                 raise RequestError(f"entity {i}: title must be a non-empty string")
+            check_encodable(title, f"entity {i}: title")
             if title in seen:
                 raise RequestError(f"entity {i}: {title!r} is given twice")
             seen.add(title)
@@ -452,6 +466,8 @@ class Engine:
             aliases = item.get("aliases") or []
             if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
                 raise RequestError(f"entity {i}: aliases must be a list of non-empty strings")
+            for alias in aliases:
+                check_encodable(alias, f"entity {i}: alias")
             contexts = item.get("contexts")
             if not isinstance(contexts, list) or not contexts:
                 raise RequestError(f"entity {i}: contexts must be a non-empty list")

@@ -133,6 +133,20 @@ def test_text_with_an_unpaired_surrogate_is_refused(model_dir):
     assert engine.link_job(json.loads('"a pair \\ud83d\\ude00 is one character"')).text[7] == "\U0001F600"
 
 
+def test_an_unsaved_entity_is_refused_where_a_store_numbers_them(model_dir, tmp_path):
+    """With an entity store, row i of the store is entity base + i on every replica; an entity
+    added with save=False took an id the store would give another, which that replica then never
+    loaded, and its next saved addition wrote the unsaved one over it."""
+    config = EngineConfig(entity_store=str(tmp_path / "store"))
+    a, b = Engine(resolve(str(model_dir)), config), Engine(resolve(str(model_dir)), config)
+    with pytest.raises(RequestError, match="save: false") as caught:
+        a.add_entities([{"title": "Temp Mill", "contexts": ["The Temp Mill is new."]}], save=False)
+    assert caught.value.status == 400 and a.table.num_entities == 512
+    b.add_entities([{"title": "Old Mill", "contexts": ["The Old Mill stands by the river."]}])
+    assert a.add_entities([{"title": "New Mill", "contexts": ["The New Mill is quiet."]}])[0]["entity_id"] == 513
+    assert json.loads((tmp_path / "store" / "added-entities.json").read_text())["titles"] == ["Old Mill", "New Mill"]
+
+
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
 def test_faiss_index_against_exact_search(kind):
     rng = np.random.default_rng(0)

@@ -119,7 +119,8 @@ class NewEntity(_Body):
 
 class EntitiesBody(_Body):
     entities: list[NewEntity]
-    save: StrictBool | None = Field(None, description="write to the entity store (default: when configured)")
+    save: StrictBool | None = Field(None, description="write to the entity store (default: when configured; "
+                                    "false is refused where one is: the store numbers added entities)")
 
 
 # --- the model deployment ---------------------------------------------------------------------

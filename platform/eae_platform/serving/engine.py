@@ -450,6 +450,12 @@ class Engine:
         save = bool(store) if save is None else save
         if save and not store:
             raise RequestError("save: this server has no entity store configured (entity_store / --entity-store)")
+        if store and not save:
+            # The store numbers added entities for every replica (row i is entity base + i): an
+            # unsaved one takes an id the store gives to the next saved entity, which this replica
+            # then never loads, and its own next save writes the unsaved one over it.
+            raise RequestError("save: false is refused while an entity store is configured: the store numbers "
+                               "added entities for every replica (omit save, or serve without a store)")
         seen = set()
         prepared = []
         for i, item in enumerate(entities):

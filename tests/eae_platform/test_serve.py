@@ -421,6 +421,16 @@ def test_page_in_headless_chromium(server, tmp_path):
         _, api = call(server.url, "/v1/link", {"text": TEXT})
         assert marks == [[m["text"], m["title"], str(m["entity_id"])] for m in api["mentions"]]
         assert browser.evaluate("document.getElementById('linked').textContent").startswith(TEXT[: api["mentions"][0]["start"]])
+        # The API's offsets count code points, JavaScript's strings UTF-16 units: after an emoji the
+        # page cut the text one unit early and repeated a character after each mention
+        emoji = "\U0001F600 " + TEXT
+        browser.evaluate(f"document.getElementById('text').value = {json.dumps(emoji)}; document.getElementById('link').click()")
+        browser.wait_for("document.getElementById('linked').dataset.state === 'done'")
+        _, api = call(server.url, "/v1/link", {"text": emoji})
+        assert api["mentions"]  # each mention ends after the emoji
+        shown = browser.evaluate("(() => { const d = document.getElementById('linked').cloneNode(true);"
+                                 "d.querySelectorAll('.ent, .score, small').forEach(e => e.remove()); return d.textContent; })()")
+        assert shown == emoji
         browser.evaluate("document.getElementById('question').value = 'Who designed the Analytical Engine?';"
                          "document.getElementById('ask').click()")
         browser.wait_for("document.getElementById('answers').dataset.state === 'done'")

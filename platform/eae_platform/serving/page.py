@@ -48,14 +48,17 @@ async function link() {
   out.dataset.state = "busy";
   try {
     const data = await post("v1/link", {text: text});
+    // The API's offsets count code points (Python's); a JS string indexes UTF-16 units, which
+    // differ after an emoji: slice the text's code points instead.
+    const chars = Array.from(text);
     let html = "", at = 0;
     for (const m of data.mentions) {
-      html += esc(text.slice(at, m.start));
+      html += esc(chars.slice(at, m.start).join(""));
       html += '<mark class="mention" data-entity-id="' + m.entity_id + '" title="' + esc(label(m)) + ' (' + fmt(m.score, 3) + ')">'
         + esc(m.text) + '<span class="ent">' + esc(label(m)) + '</span><span class="score">' + fmt(m.score, 2) + '</span></mark>';
       at = m.end;
     }
-    out.innerHTML = html + esc(text.slice(at)) + '<br><small>' + data.mentions.length + ' mentions</small>';
+    out.innerHTML = html + esc(chars.slice(at).join("")) + '<br><small>' + data.mentions.length + ' mentions</small>';
     out.dataset.state = "done";
   } catch (e) { out.innerHTML = '<span class="error">' + esc(e.message) + '</span>'; out.dataset.state = "error"; }
 }

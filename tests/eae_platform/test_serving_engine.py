@@ -147,6 +147,20 @@ def test_an_unsaved_entity_is_refused_where_a_store_numbers_them(model_dir, tmp_
     assert json.loads((tmp_path / "store" / "added-entities.json").read_text())["titles"] == ["Old Mill", "New Mill"]
 
 
+def test_a_store_title_with_an_unpaired_surrogate_is_repaired_at_load(model_dir, tmp_path):
+    """A title saved before such titles were refused: loaded as it was, it failed every response
+    that named it (500s on most links, since an added entity is often a candidate)."""
+    config = EngineConfig(entity_store=str(tmp_path / "store"))
+    Engine(resolve(str(model_dir)), config).add_entities([{"title": "Old Mill", "contexts": ["The Old Mill is old."]}])
+    meta_path = tmp_path / "store" / "added-entities.json"
+    meta = json.loads(meta_path.read_text())
+    meta["titles"] = ["Old\ud800Mill"]
+    meta_path.write_text(json.dumps(meta))  # json.dumps escapes it as the old engine did
+    engine = Engine(resolve(str(model_dir)), config)
+    assert engine.titles[512] == "Old\ufffdMill"
+    json.dumps(engine.entity(512), ensure_ascii=False).encode("utf-8")  # as the HTTP response encodes it
+
+
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
 def test_faiss_index_against_exact_search(kind):
     rng = np.random.default_rng(0)

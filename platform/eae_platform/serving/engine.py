@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -584,5 +585,8 @@ class Engine:
         rows = load_file(str(store / STORE_ROWS))["embeddings"]
         have = self.table.num_entities - self.base_entities
         if rows.shape[0] > have:
-            self._append(rows[have:], meta["titles"][have:])
+            # A title with a lone surrogate, saved before check_encodable refused them, failed
+            # every response naming it: loaded with U+FFFD in its place, as a UTF-8 decoder would.
+            titles = [re.sub("[\ud800-\udfff]", "\ufffd", t) for t in meta["titles"][have:]]
+            self._append(rows[have:], titles)
         self._store_stamp = stamp

@@ -220,6 +220,13 @@ def test_new_entities_link_at_once_and_survive_a_restart(model_dir, tmp_path):
     assert torch.equal(restarted.table.weight[512:], engine.table.weight[512:])
     again = restarted.link(context, [[0, 13]], top_k=3)["mentions"][0]
     assert again["entity_id"] == 512 and again["score"] == pytest.approx(first["score"], abs=1e-6)
+    # the aliases given are the entity's, here and after the restart (they were dropped: [])
+    for served in (engine, restarted):
+        assert served.entity(513)["aliases"] == ["the mills"] and served.entity(512)["aliases"] == []
+    meta = json.loads((store / "added-entities.json").read_text())
+    del meta["aliases"]  # a store saved before aliases were kept still loads, without them
+    (store / "added-entities.json").write_text(json.dumps(meta))
+    assert Engine(resolve(str(model_dir)), EngineConfig(entity_store=str(store))).entity(513)["aliases"] == []
 
 
 def test_entities_say_where_their_titles_come_from(engine, tmp_path):

@@ -169,6 +169,7 @@ class Engine:
         self.title_ids = {t: i for i, t in enumerate(self.titles) if t is not None}
         self.titles_from = titles_corpus(files.titles_file)  # "wikipedia", "synthetic" or None
         self._aliases = None  # (entity ids, aliases) from aliases.parquet, read at the first entity()
+        self.added_aliases: list[list[str]] = []  # the aliases given for each added entity, in id order
         self.row_norm = float(self.table.weight.norm(dim=-1).mean())
         self.tokenizer = WordPieceTokenizer()
         self.window = self.model.config.max_length - 2
@@ -197,7 +198,8 @@ class Engine:
         if not isinstance(entity_id, int) or not 0 <= entity_id < self.table.num_entities:
             raise RequestError(f"no entity {entity_id}: ids go from 0 to {self.table.num_entities - 1}", 404)
         if entity_id >= self.base_entities:
-            return {"entity_id": entity_id, "title": self.titles[entity_id], "source": "added", "aliases": []}
+            return {"entity_id": entity_id, "title": self.titles[entity_id], "source": "added",
+                    "aliases": self.added_aliases[entity_id - self.base_entities][:max_aliases]}
         if self._aliases is None:
             self._aliases = read_aliases(self.files.titles_file) or (np.zeros(0, np.int64), [])
         ids, names = self._aliases
@@ -481,22 +483,22 @@ class Engine:
             if len(contexts) > self.config.max_contexts:
                 raise RequestError(f"entity {i}: {len(contexts)} contexts, at most {self.config.max_contexts}")
             parsed = [self._context(i, j, c, [title, *aliases]) for j, c in enumerate(contexts)]
-            prepared.append((title, parsed))
-        rows = torch.stack([self.embed_entity(parsed) for _, parsed in prepared])
-        titles = [t for t, _ in prepared]
+            prepared.append((title, parsed, aliases))
+        rows = torch.stack([self.embed_entity(parsed) for _, parsed, _ in prepared])
+        titles, aliases = [t for t, _, _ in prepared], [a for _, _, a in prepared]
         if save:
             # Replicas share the store: under its lock, take what others added first (ids are
             # positions in the store), then append ours and write it back.
             with self._store_lock():
                 self.sync_store()
                 self._check_new_titles(titles)
-                ids = self._append(rows, titles)
+                ids = self._append(rows, titles, aliases)
                 self._save_store()
         else:
             self._check_new_titles(titles)
-            ids = self._append(rows, titles)
+            ids = self._append(rows, titles, aliases)
         return [{"entity_id": e, "title": t, "mentions": sum(len(s) for _, s in parsed)}
-                for e, (t, parsed) in zip(ids, prepared)]
+                for e, (t, parsed, _) in zip(ids, prepared)]
 
     def _context(self, i: int, j: int, context, names: list[str]) -> tuple[str, list[tuple[int, int]]]:
         where = f"entity {i}, context {j}"
@@ -537,8 +539,9 @@ class Engine:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _append(self, rows: torch.Tensor, titles: list[str]) -> list[int]:
+    def _append(self, rows: torch.Tensor, titles: list[str], aliases: list[list[str]]) -> list[int]:
         ids = self.table.add_rows(rows)
+        self.added_aliases.extend(aliases)
         for e, t in zip(ids, titles):
             self.titles.append(t)
             self.title_ids[t] = e
@@ -553,7 +556,7 @@ class Engine:
         store.mkdir(parents=True, exist_ok=True)
         added = self.table.weight[self.base_entities :].cpu().contiguous()
         meta = {"base_entities": self.base_entities, "dim": int(added.shape[1]), "model": self.files.source,
-                "titles": self.titles[self.base_entities :], "saved_at": time.time()}
+                "titles": self.titles[self.base_entities :], "aliases": self.added_aliases, "saved_at": time.time()}
         # Rows first, then the JSON that names them; both by rename, so a reader never sees half.
         tmp = store / f".{STORE_ROWS}.{os.getpid()}"
         save_file({"embeddings": added}, str(tmp))
@@ -588,5 +591,6 @@ class Engine:
             # A title with a lone surrogate, saved before check_encodable refused them, failed
             # every response naming it: loaded with U+FFFD in its place, as a UTF-8 decoder would.
             titles = [re.sub("[\ud800-\udfff]", "\ufffd", t) for t in meta["titles"][have:]]
-            self._append(rows[have:], titles)
+            aliases = meta.get("aliases") or [[] for _ in meta["titles"]]  # a store saved before aliases were kept
+            self._append(rows[have:], titles, aliases[have:])
         self._store_stamp = stamp

@@ -473,7 +473,7 @@ def _add_eval(commands) -> None:
                    "(synth:DIR,geonames,countryinfo,wordnet,bsdgames,lama:FILE); typing/relations: a dataset")
     e.add_argument("--split", help="train, dev or test (default test)")
     e.add_argument("--ks", help="top-K values, e.g. 1,10,100,all")
-    e.add_argument("--qa-model", help="topk: the QA fine-tuned model for QA EM (default: --model)")
+    e.add_argument("--qa-model", help="topk: the QA fine-tuned model for QA EM on --qa-data (default: --model)")
     e.add_argument("--qa-data", help="topk: a QA dataset spec (as eae finetune qa --data)")
     e.add_argument("--runs", help="analysis: a QA run; overlap: two QA runs (ids or names, comma-separated)")
     _ray_task_options(e, cpus_of="the Ray task", gpus_of="the Ray task")

@@ -98,7 +98,7 @@ def test_finetune_and_eval_check_a_local_model_path_before_starting_ray(tmp_path
     for args in (("finetune", "qa", "--init", str(tmp_path / "missing"), "--data", "synth:x"),
                  ("eval", "masked", "--model", str(tmp_path / "empty"), "--data", str(tmp_path)),
                  ("eval", "topk", "--model", "models:/eae@pretrained", "--qa-model", str(tmp_path / "missing"),
-                  "--data", str(tmp_path))):
+                  "--qa-data", "synth:x", "--data", str(tmp_path))):
         result = run(*args)
         assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
         assert "neither an MLflow model URI nor a model directory (config.json)" in result.stderr, (args, result.stderr)

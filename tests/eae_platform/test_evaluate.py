@@ -200,6 +200,9 @@ def test_memory_off_removes_what_the_memory_adds_and_nothing_else(synth_pretrain
     for bad in (["eval.memory_off_run=x"], ["eval.memory_off_run=x", "eval.memory_off=true"]):
         with pytest.raises(ValueError, match="memory_off_run is for task lama with its memory on"):
             load_eval_config(None, bad, task="masked" if len(bad) == 1 else "lama")
+    with pytest.raises(ValueError, match="qa_model is scored on qa_data: give qa_data too"):
+        load_eval_config(None, [], task="topk", qa_model="runs/qa/eae")
+    assert load_eval_config(None, [], task="topk", qa_model="runs/qa/eae", qa_data="synth:w").qa_data == "synth:w"
 
 
 def _write_openentity(directory):

@@ -36,7 +36,7 @@ class EvalConfig:
     max_batches: int = 0  # 0: the whole split
     batch_size: int = 32
     ks: str = "1,10,100,all"  # top-K: the memory's k at inference; "all" = every entity
-    qa_model: str = ""  # top-K / analysis: the QA fine-tuned model (default: model)
+    qa_model: str = ""  # top-K: the QA fine-tuned model scored on qa_data (default: model)
     qa_data: str = ""  # top-K: a QA dataset spec (eae finetune qa --data); empty: no QA EM
     # LAMA probes (Table 3).
     max_per_relation: int = 200  # probes kept per relation (the first ones, deterministic)
@@ -76,6 +76,9 @@ class EvalConfig:
             problems.append("need 0 < mask_rate <= 1, lr > 0 and 0 <= label_smoothing < 1")
         if self.memory_off_run and (self.task != "lama" or self.memory_off):
             problems.append("memory_off_run is for task lama with its memory on (memory_off=false)")
+        if self.qa_model and not self.qa_data:
+            # without a QA dataset topk scores no QA EM, and the model named would go unused silently
+            problems.append("qa_model is scored on qa_data: give qa_data too (--qa-data, as eae finetune qa --data)")
         if self.max_batches < 0:
             problems.append(f"max_batches must be >= 0, got {self.max_batches}")
         try:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
+import socket
 import sys
 import time
 import urllib.error
@@ -73,6 +75,19 @@ def serve_settings(args: argparse.Namespace):
     return ServeSettings.from_args(s)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """A new local cluster's Serve proxy binds host:port after Ray has started (~15 s), and a
+    port in use then fails deep in Ray ("Failed to bind to address"): checked first, with the
+    option that moves it. SO_REUSEADDR as uvicorn binds, so a closed socket's TIME_WAIT is free."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"{host}:{port} is in use ({exc.strerror}): another server? give --port "
+                             f"(and --host) for another address") from None
+
+
 def serve_command(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -82,6 +97,8 @@ def serve_command(args: argparse.Namespace) -> int:
     from eae_platform.serving.app import build_app
 
     settings = serve_settings(args)
+    if not (args.address or os.environ.get("RAY_ADDRESS")):  # a running cluster's proxy may hold it already
+        check_port_free(args.host, args.port)
     connect(args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_app(dataclasses.asdict(settings)), name="eae", route_prefix="/", blocking=False)

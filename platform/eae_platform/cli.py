@@ -653,8 +653,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, LookupError) as error:  # bad input: a clear message
-        print(f"eae: error: {error}", file=sys.stderr)
-        return 2
+        if not _raised_in_ray(error):
+            print(f"eae: error: {error}", file=sys.stderr)
+            return 2
+        # A Ray task's ValueError comes back as RayTaskError(ValueError), an instance of both: its
+        # str is the remote traceback. It is a failure inside Ray, not bad input: reported below.
+        return _report_failure(error)
     except CheckpointStorageError as error:  # the disk, not the code: its message says all, and what to do
         print(f"eae: error: {error}", file=sys.stderr)
         return 1
@@ -662,11 +666,20 @@ def main(argv: list[str] | None = None) -> int:
         print("eae: interrupted" + (f" ({interrupt})" if str(interrupt) else ""), file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - a failure deep in Ray: its cause last, the traceback in a file
-        if verbose():
-            raise
-        print(f"eae: error: {root_cause(error)}\n(full traceback: {save_traceback(error)}; --verbose prints it)",
-              file=sys.stderr)
-        return 1
+        return _report_failure(error)
+
+
+def _raised_in_ray(error: BaseException) -> bool:
+    exceptions = sys.modules.get("ray.exceptions")  # never imported here: a command that did not use Ray
+    return exceptions is not None and isinstance(error, exceptions.RayError)
+
+
+def _report_failure(error: BaseException) -> int:
+    if verbose():
+        raise error
+    print(f"eae: error: {root_cause(error)}\n(full traceback: {save_traceback(error)}; --verbose prints it)",
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

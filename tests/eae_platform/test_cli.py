@@ -196,3 +196,25 @@ def test_data_build_rejects_bad_option_values_before_starting_ray(tmp_path):
         assert result.returncode == 2, (flag, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, (flag, result.stderr)
         assert RAY_CONNECTED not in result.stderr + result.stdout, flag
+
+
+def test_a_ray_tasks_value_error_is_its_cause_not_the_remote_traceback(monkeypatch, capsys):
+    """Ray re-raises a task's ValueError as RayTaskError(ValueError), an instance of both, whose
+    str is the whole remote traceback: it printed as `eae: error: ray::task() ... Traceback`."""
+    from ray.exceptions import RayTaskError
+
+    from eae_platform import cli
+
+    def failing(args):
+        try:
+            raise ValueError("range() arg 3 must not be zero")
+        except ValueError as cause:
+            raise RayTaskError("contexts_partition", "Traceback (most recent call last):\n  ...", cause
+                               ).as_instanceof_cause() from None
+
+    monkeypatch.setattr(cli, "_data_build", failing)
+    monkeypatch.delenv("EAE_VERBOSE", raising=False)
+    assert cli.main(["data", "build", "--out", "unused"]) == 1
+    err = capsys.readouterr().err
+    assert "eae: error: ValueError: range() arg 3 must not be zero" in err, err
+    assert "Traceback" not in err and "full traceback:" in err, err

@@ -209,25 +209,48 @@ def _paths(spec: str, fmt: str, low: int, high: int) -> list[Path]:
     return paths
 
 
-def load_dataset(spec: str, dev_fraction: float = 0.1) -> Dataset:
-    """Read a dataset from its spec (see the module docstring)."""
+def dataset_files(spec: str) -> tuple[str, list[Path]]:
+    """(format, the files a spec reads): the format and the number of files checked, the files
+    not opened."""
+    if not spec:
+        raise QADataError("no QA dataset given: synth:DIR, fanoutqa[:FILE], triviaqa:TRAIN,DEV[,TEST] or "
+                          "webquestions:TRAIN[,DEV],TEST")
     fmt, _, rest = spec.partition(":")
     if fmt == "synth":
         if not rest:
             raise QADataError("synth needs a directory: synth:DIR")
-        return load_synth(rest)
+        return fmt, [Path(rest) / "questions.jsonl"]
     if fmt == "fanoutqa":
-        return load_fanoutqa(rest or None, dev_fraction)
+        return fmt, [Path(rest) if rest else default_fanoutqa_path()]
     if fmt in ("triviaqa", "webquestions"):
-        read = _triviaqa_file if fmt == "triviaqa" else _webquestions_file
-        data = Dataset(fmt, {s: [] for s in SPLITS})
-        # Two files: train and the evaluation file (TriviaQA's official dev, WebQuestions' test).
-        paths = _paths(rest, fmt, 2, 3)
-        given = dict(zip(("train", "dev", "test"), paths)) if len(paths) == 3 else {"train": paths[0], "test": paths[1]}
-        for split, path in given.items():
-            data.splits[split] = read(path, split, data.skipped)
-        if "dev" not in given:
-            data.splits["train"], data.splits["dev"] = carve_dev(data.splits["train"], dev_fraction)
-        return data
+        return fmt, _paths(rest, fmt, 2, 3)
     raise QADataError(f"unknown QA dataset format {fmt!r} in {spec!r}: use synth:DIR, fanoutqa[:FILE], "
                       "triviaqa:TRAIN,DEV[,TEST] or webquestions:TRAIN[,DEV],TEST")
+
+
+def check_dataset(spec: str) -> None:
+    """Raise QADataError for a spec whose format is unknown or whose files are missing, reading
+    none of them: what a driver checks before it starts Ray tasks that read them."""
+    fmt, paths = dataset_files(spec)
+    for path in paths:
+        if not path.is_file():
+            hint = f" (write a world with `eae data synth --out {path.parent}`)" if fmt == "synth" else ""
+            raise QADataError(f"{path}: not found{hint}")
+
+
+def load_dataset(spec: str, dev_fraction: float = 0.1) -> Dataset:
+    """Read a dataset from its spec (see the module docstring)."""
+    fmt, paths = dataset_files(spec)
+    if fmt == "synth":
+        return load_synth(paths[0].parent)
+    if fmt == "fanoutqa":
+        return load_fanoutqa(paths[0], dev_fraction)
+    read = _triviaqa_file if fmt == "triviaqa" else _webquestions_file
+    data = Dataset(fmt, {s: [] for s in SPLITS})
+    # Two files: train and the evaluation file (TriviaQA's official dev, WebQuestions' test).
+    given = dict(zip(("train", "dev", "test"), paths)) if len(paths) == 3 else {"train": paths[0], "test": paths[1]}
+    for split, path in given.items():
+        data.splits[split] = read(path, split, data.skipped)
+    if "dev" not in given:
+        data.splits["train"], data.splits["dev"] = carve_dev(data.splits["train"], dev_fraction)
+    return data

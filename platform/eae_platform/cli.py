@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from eae_data.qa.examples import check_dataset
 from eae_data.synth import write_world
 from eae_data.wikidump import embedded_dump_path
 from eae_model.config import load_config
@@ -27,7 +28,7 @@ from eae_platform import evaluate, task_stop
 from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
-from eae_platform.finetune.sweep import format_trials, load_space, run_sweep
+from eae_platform.finetune.sweep import check_trial_fits, format_trials, load_space, run_sweep
 from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
@@ -366,6 +367,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     # Resolved here: the task may run in another directory (or on another node of a cluster).
     config = absolute_paths(config)
     _check_local_model(config.init)
+    check_dataset(config.data)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
     summary = _run_in_ray_task(_finetune_in_task, config, args)
     m, c = summary["metrics"], summary["counts"]
@@ -485,7 +487,12 @@ def _add_eval(commands) -> None:
 
 def _tune(args: argparse.Namespace) -> int:
     space = load_space(args.space, args.set + ([f"finetune.register_as={args.register_as}"] if args.register_as else []))
+    trials = (absolute_paths(space.trial_config(params)) for params in space.combinations())
+    for init, data in dict.fromkeys((t.init, t.data) for t in trials):  # each once, here before Ray starts
+        _check_local_model(init)
+        check_dataset(data)
     connect(args.address)
+    check_trial_fits(space.sweep)
     try:
         summary = run_sweep(space, resume=args.resume)
     except RuntimeError as error:  # no trial finished: each trial's error is in the message

@@ -7,7 +7,7 @@ import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eae_data.qa.examples import QADataError, QAExample, load_dataset, normalize_answer, parse_target_value
+from eae_data.qa.examples import QADataError, QAExample, check_dataset, load_dataset, normalize_answer, parse_target_value
 from eae_data.qa.resolve import AnswerResolver
 
 TRIVIAQA_TRAIN = {
@@ -96,6 +96,24 @@ def test_bad_files_are_clear_errors(tmp_path):
         load_dataset("triviaqa:only-one.json")
     with pytest.raises(QADataError, match="unknown QA dataset format"):
         load_dataset("squad:x.json")
+
+
+def test_check_dataset_names_a_missing_file_and_reads_none(tmp_path):
+    """What `eae finetune qa` and `eae tune` check on the driver before Ray starts."""
+    bad = _write(tmp_path / "bad.json", {"not": "a list"})  # present but unreadable: not opened here
+    check_dataset(f"webquestions:{bad},{bad}")
+    check_dataset("fanoutqa")  # the file in the installed package
+    (tmp_path / "world").mkdir()
+    for spec, missing in ((f"synth:{tmp_path / 'world'}", tmp_path / "world" / "questions.jsonl"),
+                          (f"triviaqa:{bad},{tmp_path / 'dev.json'}", tmp_path / "dev.json"),
+                          (f"webquestions:{tmp_path / 'train.json'},{bad}", tmp_path / "train.json"),
+                          (f"fanoutqa:{tmp_path / 'f.json'}", tmp_path / "f.json")):
+        with pytest.raises(QADataError, match=f"^{missing}: not found"):
+            check_dataset(spec)
+    for spec, message in (("", "no QA dataset given"), ("squad:x.json", "unknown QA dataset format"),
+                          ("triviaqa:only-one.json", "needs 2..3"), ("synth:", "synth needs a directory")):
+        with pytest.raises(QADataError, match=message):
+            check_dataset(spec)
 
 
 def _vocab(tmp_path):

@@ -105,6 +105,20 @@ def test_finetune_and_eval_check_a_local_model_path_before_starting_ray(tmp_path
         assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
 
 
+def test_finetune_and_tune_check_the_qa_data_files_before_starting_ray(tmp_path):
+    """A QA dataset whose files are missing is refused on the driver (check_dataset), before Ray
+    starts: the task, or each of a sweep's trials in turn, would fail on it."""
+    missing, space = tmp_path / "nowhere", Path(__file__).resolve().parents[2] / "tune_spaces" / "synth.yaml"
+    for args in (("finetune", "qa", "--init", "models:/eae@pretrained", "--data", f"synth:{missing}"),
+                 ("tune", "--space", str(space), "--set", "finetune.init=models:/eae@pretrained",
+                  "--set", f"finetune.data=synth:{missing}", "--set", f"sweep.storage_path={tmp_path / 'tune'}")):
+        result = run(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert f"{missing / 'questions.jsonl'}: not found (write a world with" in result.stderr, (args, result.stderr)
+        assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
+    assert not (tmp_path / "tune").exists()
+
+
 def test_the_data_sets_the_model_sizes_a_config_or_override_leaves_unset(tmp_path):
     from eae_platform.pretrain.config import load_pretrain_config
     from eae_platform.pretrain.checks import data_fitted_overrides

@@ -23,7 +23,7 @@ from eae_platform import cli
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import load_finetune_config
 from eae_platform.finetune.qa import QATask, load_init_model, resolve_init
-from eae_platform.finetune.sweep import load_space, run_sweep
+from eae_platform.finetune.sweep import SweepConfig, check_trial_fits, load_space, run_sweep
 
 
 def test_finetuning_beats_the_untuned_model(synth_pretrained, capsys):
@@ -114,6 +114,8 @@ def test_bad_finetune_input_is_a_clear_error(synth_pretrained, capsys):
     assert "unknown QA dataset format" in capsys.readouterr().err
     assert cli.main(["finetune", "qa", "--init", str(tmp / "model"), "--data", "synth:x", "--lr", "-1"]) == 2
     assert "lr and step_scale must be positive" in capsys.readouterr().err
+    assert cli.main(["finetune", "qa", "--init", str(tmp / "model"), "--data", f"synth:{tmp / 'nowhere'}"]) == 2
+    assert f"{tmp / 'nowhere' / 'questions.jsonl'}: not found" in capsys.readouterr().err
 
 
 def _space(tmp, tmp_path, uri, body):
@@ -233,6 +235,42 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     assert parent.data.metrics["sweep/failed"] == 0 and parent.data.metrics["sweep/finished"] == 2
     assert cli.main(["tune", "--space", str(path)]) == 2  # no silent overwrite
     assert "resume it with --resume" in capsys.readouterr().err
+
+
+def test_tune_refuses_what_no_trial_could_run_before_any_trial(synth_pretrained, ray_cluster, tmp_path, capsys):
+    """Trials no node can hold (Tune would wait for ever, warning each minute), a missing model
+    or data (every trial would fail in turn): each refused at once, nothing left to resume."""
+    tmp, _, uri = synth_pretrained
+    path = _space(tmp, tmp_path, uri, """
+sweep: {{name: fits, max_concurrent: 1, cpus_per_trial: 1, storage_path: "{storage}"}}
+finetune: {{init: "{init}", data: "synth:{world}", max_steps: 20, mlflow_uri: "{uri}"}}
+grid: {{lr: [1.0e-3, 3.0e-4]}}
+""")
+    # in processes of their own on the tests' cluster (one node of 2 CPUs): without the check
+    # each would wait for ever, and the timeout fails the test instead of hanging it
+    jobs = {asked: subprocess.Popen([sys.executable, "-m", "eae_platform.cli", "tune", "--space", str(path), "--set",
+                                     override, "--set", f"sweep.name=fits-{name}",
+                                     "--address", ray_cluster.get_runtime_context().gcs_address],
+                                    cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+            for name, override, asked in (("gpu", "sweep.gpus_per_trial=1", "1 CPUs and 1 GPUs"),
+                                          ("cpu", "sweep.cpus_per_trial=3", "3 CPUs and 0 GPUs"))}
+    try:
+        for asked, job in jobs.items():
+            out, _ = job.communicate(timeout=120)
+            assert job.returncode == 2, out[-3000:]
+            assert f"a trial asks for {asked} on one node" in out and "(its nodes: 2 CPUs and 0 GPUs)" in out, out[-3000:]
+    finally:
+        for job in jobs.values():
+            job.kill()
+    assert cli.main(["tune", "--space", str(path), "--set", f"finetune.data=synth:{tmp_path / 'nowhere'}"]) == 2
+    assert f"{tmp_path / 'nowhere' / 'questions.jsonl'}: not found" in capsys.readouterr().err
+    assert cli.main(["tune", "--space", str(path), "--set", f"finetune.init={tmp_path / 'nowhere'}"]) == 2
+    assert "neither an MLflow model URI nor a model directory" in capsys.readouterr().err
+    assert not (tmp_path / "tune").exists()  # no sweep begun: no Tune state, no parent run
+    assert not MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()],
+                                             "attributes.run_name = 'fits'")
+    check_trial_fits(SweepConfig(gpus_per_trial=1, wait_for_resources=True))  # where an autoscaler adds the node
 
 
 def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):

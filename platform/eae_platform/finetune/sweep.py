@@ -46,6 +46,9 @@ class SweepConfig:
     gpus_per_trial: float = 0.0
     storage_path: str = "runs/tune"
     seed: int = 0
+    # true: start even where no node has a trial's CPUs and GPUs (an autoscaler will add one);
+    # else such a sweep is refused (check_trial_fits), as Tune would wait for ever
+    wait_for_resources: bool = False
 
     def __post_init__(self) -> None:
         if self.search not in SEARCHES:
@@ -104,6 +107,27 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SweepSpa
     for params in space.combinations():
         space.trial_config(params)  # raises on a bad value, before any trial starts
     return space
+
+
+def check_trial_fits(sweep: SweepConfig) -> None:
+    """Refuse a sweep whose trials no node of the connected cluster can hold. Tune waits for
+    them for ever, logging "insufficient resources" each minute (it only warns: an autoscaler may
+    add the node). A trial's resources are one placement-group bundle, so one node must hold
+    them all. Let through where sweep.wait_for_resources is set, or where Ray's cluster launcher
+    started the cluster (its ~/ray_bootstrap_config.yaml: Tune's own test for autoscaling)."""
+    import ray
+
+    if sweep.wait_for_resources or Path("~/ray_bootstrap_config.yaml").expanduser().exists():
+        return
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    if any(r.get("CPU", 0) >= sweep.cpus_per_trial and r.get("GPU", 0) >= sweep.gpus_per_trial for r in nodes):
+        return
+    have = ", ".join(dict.fromkeys(f"{r.get('CPU', 0):g} CPUs and {r.get('GPU', 0):g} GPUs" for r in nodes))
+    raise ValueError(f"a trial asks for {sweep.cpus_per_trial:g} CPUs and {sweep.gpus_per_trial:g} GPUs on one node, "
+                     f"and no node of this Ray cluster has them (its nodes: {have}): set "
+                     "sweep.cpus_per_trial and sweep.gpus_per_trial to fit (--set sweep.cpus_per_trial=1 "
+                     "--set sweep.gpus_per_trial=0 on a CPU machine), or sweep.wait_for_resources=true "
+                     "where an autoscaler will add such a node")
 
 
 def _trainable(base: dict[str, Any], parent_run_id: str, mlflow_uri: str, cpus: float):

@@ -105,7 +105,7 @@ class AnswerJob:
     top_k: int = 5
 
 
-def check_encodable(text: str, what: str) -> str:
+def check_encodable(text: str, what: str) -> None:
     """JSON may escape half a UTF-16 pair ("\\ud800"), which decodes to a lone surrogate that no
     UTF-8 encoder takes: the tokenizer raised TypeError (a 500), and an added title with one broke
     every later response naming it. Refused here, where the text comes in."""
@@ -114,7 +114,6 @@ def check_encodable(text: str, what: str) -> str:
     except UnicodeEncodeError as exc:
         raise RequestError(f"{what} has an unpaired surrogate, {text[exc.start]!r} at character {exc.start} "
                            "(half of a UTF-16 pair in a JSON \\u escape)") from None
-    return text
 
 
 def parse_spans(spans, text: str, max_spans: int) -> list[tuple[int, int]]:

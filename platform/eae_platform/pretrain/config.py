@@ -133,6 +133,16 @@ class TrainConfig:
             problems.append(f"batch_size {self.batch_size} is not divisible by num_workers {self.num_workers}")
         if not self.memory_lr_scale > 0:
             problems.append(f"memory_lr_scale must be positive, got {self.memory_lr_scale}")
+        # Checked here, on the driver: torch refused a negative lr only once Ray had started
+        if not self.lr >= 0:
+            problems.append(f"lr must be >= 0, got {self.lr}")
+        # A negative count read no dev batch at all: a run without dev metrics, and no word of it
+        if self.eval_batches < 0:
+            problems.append(f"eval_batches must be >= 0 (0: the whole dev split), got {self.eval_batches}")
+        # A worker of no resources at all is a bundle Ray refuses ("Bundles cannot be an empty
+        # dictionary"), after the run has started; a GPU worker may ask no CPU
+        if self.cpus_per_worker < 0 or (self.cpus_per_worker == 0 and not self.use_gpu):
+            problems.append(f"cpus_per_worker must be positive (or 0 with use_gpu), got {self.cpus_per_worker}")
         for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")

@@ -32,6 +32,7 @@ def connect(address: str | None = None, num_cpus: int | None = None):
         job_env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
         env = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
         if address != "auto" and "://" not in address:  # host:port of the cluster's GCS
+            _check_reachable(address)
             env["RAY_ADDRESS"] = address  # see _STATE_API below
         for taken in job_env.get("env_vars") or {}:
             env.pop(taken, None)
@@ -64,6 +65,20 @@ def connect(address: str | None = None, num_cpus: int | None = None):
 # head, a stale file, the test suite's) they asked that one: the cleaner's checks hung up to
 # 10 s, every run's end waited 15 s for it, and a cleaner answered "no such actor" by a live
 # cluster would remove the run's placement group. Both variables name this process's own cluster.
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a GCS address where nothing listens: ray.init retries a dead address 20 times,
+    a minute or two each (a typo'd --address looked like a hang of half an hour)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return  # not host:port: Ray says what is wrong with it
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ValueError(f"no Ray cluster answers at {address} (--address or RAY_ADDRESS): {error.strerror or error}; "
+                         "start its head there (`ray start --head --port=PORT`), or leave both unset for a new local "
+                         "cluster") from None
 
 
 def _free_port() -> int:

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 PROBE = """
 import urllib.error
@@ -70,3 +70,15 @@ def test_the_workers_of_a_cluster_named_by_its_address_are_told_that_address(ray
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == address, done.stdout
+
+
+def test_an_address_where_no_cluster_listens_is_a_clear_error_at_once(tmp_path):
+    """`--address` naming a port where nothing listens (here `eae data build`'s; every command
+    connects through ray_session.connect): one `eae: error:` line in seconds. Ray's own connect
+    retried it 20 times, a minute or two each (past 150 s here)."""
+    address = f"127.0.0.1:{free_port()}"  # free: nothing listens there
+    eae = os.path.join(os.path.dirname(sys.executable), "eae")
+    result = subprocess.run([eae, "data", "build", "--out", str(tmp_path / "data"), "--address", address],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "RAY_ADDRESS": ""})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"eae: error: no Ray cluster answers at {address} (--address or RAY_ADDRESS)")

@@ -95,7 +95,7 @@ class EaEConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.hidden_size % self.num_heads:
+        if self.num_heads > 0 and self.hidden_size % self.num_heads:  # 0 heads: refused below, not a ZeroDivisionError
             problems.append(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         for name in ("vocab_size", "max_length", "hidden_size", "num_heads", "ffn_size", "num_entities", "entity_dim"):
             if getattr(self, name) <= 0:

@@ -47,6 +47,7 @@ def test_yaml_then_overrides(tmp_path):
         (["nope=1"], "unknown EaEConfig keys: nope"),
         (["k_train=0"], "k_train must be positive"),
         (["num_heads=5"], "not divisible"),
+        (["num_heads=0"], "num_heads must be positive, got 0"),  # was a ZeroDivisionError
         (["dropout=1.5"], "dropout"),
         (["memory_pretune_margin=-0.1"], r"memory_pretune_margin must be in \[0, 1\), got -0.1"),
         (["memory_pretune_margin=1.0"], r"memory_pretune_margin must be in \[0, 1\), got 1.0"),

@@ -148,6 +148,12 @@ def coerce_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
         kind = fields[key]
         if value is None and kind in ("int", "float"):  # `--set num_entities=` or YAML `~`: only `T | None` fields take null
             raise ValueError(f"{cls.__name__}.{key} must be a number, got null")
+        # YAML reads true/false (yes/no, on/off) as booleans and leaves any other word a string,
+        # which is truthy: `use_entity_memory=flase` built EaE, not No-EaE, and said nothing
+        if kind in ("bool", "bool | None") and not isinstance(value, bool) and not (value is None and kind != "bool"):
+            if not (isinstance(value, int) and value in (0, 1)):
+                raise ValueError(f"{cls.__name__}.{key} must be true or false, got {value!r}")
+            value = bool(value)
         try:
             if isinstance(value, str) and kind.startswith(("float", "int")):
                 value = float(value) if kind.startswith("float") else int(value)

@@ -54,6 +54,9 @@ def test_yaml_then_overrides(tmp_path):
         (["l0"], "key=value"),
         (["num_entities="], "EaEConfig.num_entities must be a number, got null"),
         (["dropout=null"], "EaEConfig.dropout must be a number, got null"),
+        # a word YAML does not read as a boolean was kept, a truthy string: the part stayed on
+        (["use_entity_memory=flase"], "EaEConfig.use_entity_memory must be true or false, got 'flase'"),
+        (["entity_trainable="], "EaEConfig.entity_trainable must be true or false, got None"),
     ],
 )
 def test_bad_config_is_a_clear_error(overrides, message):
@@ -64,3 +67,10 @@ def test_bad_config_is_a_clear_error(overrides, message):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         load_config("huge")
+
+
+def test_booleans_from_yaml_words_and_0_or_1():
+    c = load_config("tiny", overrides=["use_entity_memory=off", "memory_layer_norm=no", "entity_trainable=0",
+                                       "memory_query_detached=1"])
+    assert (c.use_entity_memory, c.memory_layer_norm, c.entity_trainable, c.memory_query_detached) == (
+        False, False, False, True)

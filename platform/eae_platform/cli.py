@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from eae_data.qa.examples import check_dataset
 from eae_data.synth import write_world
 from eae_data.wikidump import embedded_dump_path
@@ -666,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
         # A Ray task's ValueError comes back as RayTaskError(ValueError), an instance of both: its
         # str is the remote traceback. It is a failure inside Ray, not bad input: reported below.
         return _report_failure(error)
+    except yaml.YAMLError as error:  # a config file or a --set value YAML cannot read: bad input, where it broke
+        print(f"eae: error: not valid YAML: {error}", file=sys.stderr)
+        return 2
     except CheckpointStorageError as error:  # the disk, not the code: its message says all, and what to do
         print(f"eae: error: {error}", file=sys.stderr)
         return 1

@@ -41,6 +41,18 @@ def test_bad_input_is_a_clear_error_not_a_traceback():
     assert result.returncode == 2 and "k_train must be positive" in result.stderr
 
 
+def test_yaml_that_does_not_parse_is_bad_input_not_a_failure(tmp_path):
+    """A config file or a --set value YAML cannot read is the user's input: one `eae: error:`
+    line with where it broke, exit 2 (it was reported as a failure, its traceback in a file)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("model: [1\n")
+    for args in (["pretrain", "--config", str(path)], ["model", "summary", "--set", "num_entities=[1"]):
+        result = run(*args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("eae: error: not valid YAML: while parsing a flow sequence"), result.stderr
+        assert "full traceback" not in result.stderr
+
+
 def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     """Bad data is found on the driver in a second, not as a worker's traceback: no data
     directory, no training shards, contexts longer than the model's positions."""

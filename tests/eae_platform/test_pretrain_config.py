@@ -44,3 +44,10 @@ def test_the_bounds_themselves_are_accepted(override):
 
 def test_a_gpu_worker_may_ask_no_cpu():
     load_pretrain_config(preset="tiny", overrides=["train.use_gpu=true", "train.cpus_per_worker=0"])
+
+
+def test_a_profile_range_past_the_runs_end_is_refused():
+    """The profile is written after its last step: 5-9 in a 6-step run wrote nothing, silently."""
+    with pytest.raises(ValueError, match="train.profile_steps '5-9' ends after max_steps 6: no profile would be written"):
+        load_pretrain_config(preset="tiny", overrides=["train.max_steps=6", "train.profile_steps=5-9"])
+    load_pretrain_config(preset="tiny", overrides=["train.max_steps=6", "train.profile_steps=5-6"])

@@ -156,9 +156,13 @@ class TrainConfig:
         if self.deadline is not None and self.deadline <= 0:
             problems.append(f"deadline must be a UNIX time in seconds or null, got {self.deadline}")
         try:
-            parse_steps(self.profile_steps)
+            steps = parse_steps(self.profile_steps)
         except ValueError as error:
             problems.append(str(error))
+        else:  # the summary is written after step LAST: a range past the run's end wrote nothing, silently
+            if steps and steps[1] > self.max_steps:
+                problems.append(f"train.profile_steps {self.profile_steps!r} ends after max_steps {self.max_steps}: "
+                                "no profile would be written")
         if self.compile_mode not in COMPILE_MODES:
             problems.append(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:

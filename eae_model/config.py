@@ -136,6 +136,18 @@ class EaEConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
+def _whole(text: str) -> int:
+    """An int field's string: "1000" or a whole number in exponent form ("1e6", the paper's 1M
+    entities), which YAML 1.1 leaves a string; "1.5e0" stays an error."""
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)
+        if not number.is_integer():
+            raise
+        return int(number)
+
+
 def coerce_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
     """Check keys against the dataclass `cls` and convert strings YAML leaves unparsed
     ("3e-4" is a string in YAML 1.1) to the field's number type; wrong types are errors."""
@@ -156,7 +168,7 @@ def coerce_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
             value = bool(value)
         try:
             if isinstance(value, str) and kind.startswith(("float", "int")):
-                value = float(value) if kind.startswith("float") else int(value)
+                value = float(value) if kind.startswith("float") else _whole(value)
             elif isinstance(value, int) and not isinstance(value, bool) and kind.startswith("float"):
                 value = float(value)
         except ValueError:

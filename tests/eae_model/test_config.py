@@ -74,3 +74,10 @@ def test_booleans_from_yaml_words_and_0_or_1():
                                        "memory_query_detached=1"])
     assert (c.use_entity_memory, c.memory_layer_norm, c.entity_trainable, c.memory_query_detached) == (
         False, False, False, True)
+
+
+def test_a_whole_number_in_exponent_form_is_an_int():
+    """YAML 1.1 leaves 1e6 a string; it was refused as "must be a number"."""
+    assert load_config("tiny", overrides=["num_entities=1e6"]).num_entities == 1_000_000
+    with pytest.raises(ValueError, match="EaEConfig.num_entities must be a number, got '1.5e0'"):
+        load_config("tiny", overrides=["num_entities=1.5e0"])

@@ -97,9 +97,16 @@ class EaEConfig:
         problems = []
         if self.num_heads > 0 and self.hidden_size % self.num_heads:  # 0 heads: refused below, not a ZeroDivisionError
             problems.append(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        for name in ("vocab_size", "max_length", "hidden_size", "num_heads", "ffn_size", "num_entities", "entity_dim"):
+        for name in ("vocab_size", "max_length", "hidden_size", "num_heads", "ffn_size", "num_entities", "entity_dim",
+                     "type_vocab_size"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        # a negative std was torch's RuntimeError at the first weight; a negative loss weight
+        # trains the model away from what that loss measures, and said nothing
+        for name in ("init_std", "entity_init_std", "weight_mention", "weight_memory_el", "weight_entity_pred",
+                     "weight_mlm"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.l0 < 0 or self.l1 < 0 or self.l0 + self.l1 == 0:
             problems.append(f"need l0 >= 0, l1 >= 0 and at least one layer, got l0={self.l0}, l1={self.l1}")
         for name in ("k_train", "k_inference"):

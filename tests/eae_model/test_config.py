@@ -48,6 +48,9 @@ def test_yaml_then_overrides(tmp_path):
         (["k_train=0"], "k_train must be positive"),
         (["num_heads=5"], "not divisible"),
         (["num_heads=0"], "num_heads must be positive, got 0"),  # was a ZeroDivisionError
+        (["entity_init_std=-1"], "entity_init_std must be >= 0, got -1.0"),  # was torch's RuntimeError
+        (["weight_mlm=-1"], "weight_mlm must be >= 0, got -1.0"),  # was accepted
+        (["type_vocab_size=0"], "type_vocab_size must be positive, got 0"),  # was accepted
         (["dropout=1.5"], "dropout"),
         (["memory_pretune_margin=-0.1"], r"memory_pretune_margin must be in \[0, 1\), got -0.1"),
         (["memory_pretune_margin=1.0"], r"memory_pretune_margin must be in \[0, 1\), got 1.0"),

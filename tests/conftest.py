@@ -121,6 +121,44 @@ _START = random.randrange(len(_MINE))
 _PORTS = itertools.chain(_MINE[_START:], _MINE[:_START])
 
 
+def descendants(pid: int) -> list[int]:
+    """The PIDs of a process's descendants, from /proc (Ray starts its workers in process groups
+    of their own, so a signal to the node's group misses them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def stop_node(proc: subprocess.Popen) -> None:
+    """SIGTERM to the node's process group (`ray start --block`, GCS, raylet, dashboard, agents),
+    SIGKILL after 5 s (the head's took longer than 15 s at times); then SIGKILL to any of its
+    workers still there, by PID."""
+    workers = descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def free_port() -> int:
     """A TCP port free now on 127.0.0.1, outside the kernel's ephemeral range, that no test
     process has handed out before (a caller that asks for several before using them, as a Ray

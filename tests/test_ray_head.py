@@ -6,14 +6,13 @@ pretraining failed ("No available agent to submit job")."""
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.conftest import free_port, stop_node
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = Path(sys.executable).parent / "ray"
@@ -46,12 +45,5 @@ def test_head_takes_jobs_with_the_default_agent_port_taken():
         assert submit.returncode == 0, submit.stdout[-2000:] + submit.stderr[-2000:]
     finally:
         held.close()
-        try:
-            os.killpg(head.pid, signal.SIGTERM)
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=15)
-        except ProcessLookupError:
-            pass
+        stop_node(head)
         shutil.rmtree(root, ignore_errors=True)

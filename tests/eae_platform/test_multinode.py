@@ -32,7 +32,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from eae_model.checkpoint import load_model
-from tests.conftest import free_port
+from tests.conftest import descendants, free_port, stop_node
 from tests.eae_platform.conftest import STEPS, WINDOWS, pretrain_overrides, trace_records
 from tests.eae_platform.serving_fixtures import make_model_dir, title
 
@@ -43,52 +43,14 @@ NODE_CPUS = 2
 REPLICA_CPUS = 1.5
 
 
-def _descendants(pid: int) -> list[int]:
-    """The PIDs of a process's descendants, from /proc (Ray starts its workers in process groups
-    of their own, so a signal to the node's group misses them)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def _kill_node(proc: subprocess.Popen) -> None:
     """A node's crash: SIGKILL at once to its processes and its workers, nothing shut down."""
-    for pid in [proc.pid, *_descendants(proc.pid)]:
+    for pid in [proc.pid, *descendants(proc.pid)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     proc.wait(timeout=15)
-
-
-def _stop_node(proc: subprocess.Popen) -> None:
-    """SIGTERM to the node's process group (`ray start --block`, GCS, raylet, dashboard, agents),
-    SIGKILL after 5 s (the head's took longer than 15 s at times); then SIGKILL to any of its
-    workers still there, by PID."""
-    workers = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=15)
-    except ProcessLookupError:
-        pass
-    for pid in workers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _start_node(root: Path, name: str, env: dict, *args: str) -> subprocess.Popen:
@@ -106,7 +68,7 @@ def _start_node(root: Path, name: str, env: dict, *args: str) -> subprocess.Pope
     deadline = time.monotonic() + 180
     while "Ray runtime started" not in log.read_text(errors="replace"):  # what `ray start` prints once up
         if proc.poll() is not None or time.monotonic() > deadline:
-            _stop_node(proc)
+            stop_node(proc)
             pytest.fail(f"`ray start` of the {name} node failed:\n{log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.5)
     return proc
@@ -163,7 +125,7 @@ def two_nodes():
         yield cluster
     finally:
         for proc in reversed(nodes):
-            _stop_node(proc)
+            stop_node(proc)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -253,7 +253,8 @@ def _pretrain(args: argparse.Namespace) -> int:
         return 0
     print(f"\nfinished at step {metrics.get('step')}: " + ", ".join(
         f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith("dev/")))
-    print(f"model:       {summary['model']}")
+    # without --out no model directory is written; `eae eval --model` and `--init` take the checkpoint
+    print(f"model:       {summary['model'] or 'not written (no --out): the last checkpoint, below, holds it'}")
     print(f"checkpoints: {summary['storage']}  (last: {summary['checkpoint']})")
     if summary.get("mlflow_run_id"):
         print(f"MLflow run:  {summary['mlflow_run_id']} in {summary['mlflow_uri']}")

@@ -41,6 +41,8 @@ def test_a_pretraining_prints_each_progress_line_once_and_no_ray_internals(wiki,
     for step in (4, 8):
         assert out.count(f"step {step}: loss") == 1, out  # rank 0 only, printed once
     assert out.count("step 8 dev: ") == 1, out
+    # no --out: no model directory, and the command says where the model is instead of "None"
+    assert "model:       not written (no --out): the last checkpoint, below, holds it\ncheckpoints: " in out, out
     assert [s for s in RAY_INTERNALS if s in out] == [], out
     assert "Ray's own output (workers, Ray Train, Ray Data): " in out and "--verbose shows it here" in out
 

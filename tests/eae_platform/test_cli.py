@@ -85,6 +85,12 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     assert "batch_size 4 over 2 worker(s)" in result.stderr and "as 0, 1: use a smaller --batch-size or fewer workers" \
         in result.stderr and "smaller --shard-rows" in result.stderr, result.stderr
     assert RAY_CONNECTED not in result.stdout, result.stdout
+    # --resume of a run with no checkpoint: refused on the driver too
+    result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1", "--resume", "nope",
+                 "--set", f"train.storage_path={tmp_path / 'ray'}")
+    assert result.returncode == 2 and f"run 'nope' has no checkpoint under {tmp_path / 'ray' / 'nope'}" in result.stderr, \
+        result.stderr
+    assert RAY_CONNECTED not in result.stdout, result.stdout
 
 
 def test_pretrain_checks_its_init_encoder_before_starting_ray(tmp_path):

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from eae_platform import cli
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import load_finetune_config
-from eae_platform.finetune.qa import QATask, load_init_model, resolve_init
+from eae_platform.finetune.qa import QATask, clip_gradients, load_init_model, resolve_init
 from eae_platform.finetune.sweep import SweepConfig, check_trial_fits, load_space, run_sweep
 
 
@@ -450,3 +450,15 @@ def test_a_qa_run_is_named_after_its_out_directory_unless_named():
     assert run_name(load_finetune_config(None, [], out="runs/qa/no_eae/"), "synth") == "qa-no_eae"
     assert run_name(load_finetune_config(None, ["finetune.run_name=mine"], out="runs/qa/eae"), "synth") == "mine"
     assert run_name(load_finetune_config(None, []), "fanoutqa") == "qa-fanoutqa"
+
+
+def test_grad_clip_zero_is_no_clipping_as_in_pretraining():
+    """torch's clip_grad_norm_ with max_norm 0 zeroes every gradient: `finetune.grad_clip=0`
+    trained nothing, silently. 0 (or below) is no clipping, as pretraining reads it."""
+    layer = torch.nn.Linear(3, 1)
+    layer(torch.ones(2, 3)).sum().mul(100).backward()
+    before = [p.grad.clone() for p in layer.parameters()]
+    clip_gradients(layer, 0.0)
+    assert all(torch.equal(b, p.grad) for b, p in zip(before, layer.parameters()))
+    clip_gradients(layer, 1.0)  # the norm (~350) is clipped to 1
+    assert abs(float(torch.cat([p.grad.flatten() for p in layer.parameters()]).norm()) - 1.0) < 1e-3

@@ -27,17 +27,20 @@ def test_pretrain_refuses_out_of_range_train_values_before_ray_starts(tmp_path):
     result = subprocess.run([str(EAE), "pretrain", "--preset", "tiny", "--data", str(tmp_path), "--batch-size", "1",
                              "--max-steps", "1", "--out", str(tmp_path / "model"), "--set", f"train.storage_path={tmp_path}",
                              "--set", "train.lr=-1",
-                             "--set", "train.eval_batches=-1", "--set", "train.cpus_per_worker=0"],
+                             "--set", "train.eval_batches=-1", "--set", "train.cpus_per_worker=0",
+                             "--set", "train.max_failures=-2"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("eae: error: invalid TrainConfig:"), result.stderr
     for problem in ("lr must be >= 0, got -1.0", "eval_batches must be >= 0 (0: the whole dev split), got -1",
-                    "cpus_per_worker must be positive (or 0 with use_gpu), got 0"):
+                    "cpus_per_worker must be positive (or 0 with use_gpu), got 0",
+                    "max_failures must be >= -1 (-1: any number), got -2"):
         assert problem in result.stderr
     assert "Ray's own output" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("override", ["train.lr=0", "train.eval_batches=0", "train.cpus_per_worker=0.5"])
+@pytest.mark.parametrize("override", ["train.lr=0", "train.eval_batches=0", "train.cpus_per_worker=0.5",
+                                      "train.max_failures=-1", "train.grad_clip=0"])
 def test_the_bounds_themselves_are_accepted(override):
     load_pretrain_config(preset="tiny", overrides=[override])
 

@@ -36,7 +36,7 @@ class FinetuneConfig:
     max_steps: int = 700
     step_scale: float = 1.0  # max_steps is multiplied by this (the paper's counts on small data)
     warmup_fraction: float = 0.05
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # global gradient norm (<= 0: no clipping)
     eval_every: int = 0  # dev evaluation every N steps (0: only at the end)
     eval_batch_size: int = 128
     mentions: str = "alias"  # the question's proper-name mentions: alias-table matching, or none

@@ -163,6 +163,14 @@ def load_init_model(init: InitModel, device: torch.device) -> EaEModel:
     return model
 
 
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:
+    """Clip the global gradient norm to max_norm; max_norm <= 0: no clipping, as in pretraining
+    (pretrain.loop.sync_and_clip). torch's clip_grad_norm_ with max_norm 0 multiplies every
+    gradient by 0: `finetune.grad_clip=0` trained nothing, silently."""
+    if max_norm > 0:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_norm)
+
+
 def index_batches(n: int, batch_size: int, seed: int):
     """Endless index batches: a fresh permutation each epoch (seeded by seed and epoch); when
     there are fewer questions than batch_size, each batch is all of them."""
@@ -242,7 +250,7 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
             raise FloatingPointError(f"step {step}: the loss is {float(out.loss)} (lr {config.lr} too high?)")
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.grad_clip)
+        clip_gradients(model, config.grad_clip)
         optimizer.step()
         scheduler.step()
         for name, value in {"loss": out.loss, **out.losses}.items():

@@ -54,7 +54,7 @@ class TrainConfig:
     # at most ~lr a step, so at lr 1e-4 a memory started at N(0, 0.02) grows too slowly to matter
     # beside layers that start pretrained (train.init_encoder); 1.0: one lr for everything.
     memory_lr_scale: float = 1.0
-    grad_clip: float = 1.0  # global gradient norm
+    grad_clip: float = 1.0  # global gradient norm (<= 0: no clipping)
     mask_rate: float = 0.2  # share of mentions masked, redrawn every epoch
     seed: int = 0
     num_workers: int = 1
@@ -96,7 +96,7 @@ class TrainConfig:
     profile_steps: str | None = None  # "FIRST-LAST": torch.profiler over those steps -> profile-rank<r>.txt
     checkpoint_every: int = 100
     eval_batches: int = 20  # dev batches per evaluation, read once and kept (0: the whole dev split, read each time)
-    max_failures: int = 0  # worker crashes survived by restarting from the last checkpoint
+    max_failures: int = 0  # worker crashes survived by restarting from the last checkpoint (-1: any number)
     # Stop after this many seconds of training in this launch (checked every log_every steps,
     # the same step on every worker): checkpoint, end the MLflow run as KILLED with the step in
     # its tag eae.paused_at_step, and exit; relaunching with the same name continues exactly
@@ -141,6 +141,10 @@ class TrainConfig:
             problems.append(f"eval_batches must be >= 0 (0: the whole dev split), got {self.eval_batches}")
         # A worker of no resources at all is a bundle Ray refuses ("Bundles cannot be an empty
         # dictionary"), after the run has started; a GPU worker may ask no CPU
+        # Ray's FailureConfig reads -1 as any number of restarts and takes -2 without a word
+        # (Ray 2.60), a meaning it does not document
+        if self.max_failures < -1:
+            problems.append(f"max_failures must be >= -1 (-1: any number), got {self.max_failures}")
         if self.cpus_per_worker < 0 or (self.cpus_per_worker == 0 and not self.use_gpu):
             problems.append(f"cpus_per_worker must be positive (or 0 with use_gpu), got {self.cpus_per_worker}")
         for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):

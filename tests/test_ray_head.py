@@ -1,7 +1,8 @@
 """scripts/ray-head, the Ray head of scripts/main: with Ray's default dashboard-agent port
 (52365) taken by another Ray node on the machine, its head still takes `ray job submit`.
 Before, scripts/main's head started without its job agent's HTTP server and the submit of the
-pretraining failed ("No available agent to submit job")."""
+pretraining failed ("No available agent to submit job"). A command given another token than the
+head's is told so (Ray's own error said only "Failed to connect to Ray cluster")."""
 
 import os
 import secrets
@@ -43,6 +44,12 @@ def test_head_takes_jobs_with_the_default_agent_port_taken():
         submit = subprocess.run([RAY, "job", "submit", "--address", url, "--no-wait", "--", "true"], env=env,
                                 capture_output=True, text=True, timeout=120)
         assert submit.returncode == 0, submit.stdout[-2000:] + submit.stderr[-2000:]
+        # ~20 s: Ray retries the refused token before it gives up
+        eae = subprocess.run([Path(sys.executable).parent / "eae", "data", "build", "--out", str(root / "data"),
+                              "--address", f"127.0.0.1:{port}"], env={**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)},
+                             capture_output=True, text=True, timeout=120)
+        assert eae.returncode == 2, eae.stderr[-2000:]
+        assert f"eae: error: the Ray cluster at 127.0.0.1:{port} refused this command's token" in eae.stderr
     finally:
         held.close()
         stop_node(head)

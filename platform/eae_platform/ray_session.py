@@ -36,7 +36,14 @@ def connect(address: str | None = None, num_cpus: int | None = None):
             env["RAY_ADDRESS"] = address  # see _STATE_API below
         for taken in job_env.get("env_vars") or {}:
             env.pop(taken, None)
-        ray.init(address=address, runtime_env={"env_vars": env} if env else None, **_quiet())
+        try:
+            ray.init(address=address, runtime_env={"env_vars": env} if env else None, **_quiet())
+        except ConnectionError as error:
+            if _token_refused(error):  # Ray's own error said only "Failed to connect to Ray cluster"
+                raise ValueError(f"the Ray cluster at {address} refused this command's token: set RAY_AUTH_TOKEN "
+                                 "(or RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token) to the token its head was "
+                                 "started with (`ray get-auth-token` on the head prints it)") from None
+            raise
     else:
         # address="local": a new cluster, not one a stale /tmp/ray/ray_current_cluster names.
         # With the dashboard (Ray's default where its packages are installed, as with ray[serve]),
@@ -79,6 +86,18 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ValueError(f"no Ray cluster answers at {address} (--address or RAY_ADDRESS): {error.strerror or error}; "
                          "start its head there (`ray start --head --port=PORT`), or leave both unset for a new local "
                          "cluster") from None
+
+
+def _token_refused(error: BaseException) -> bool:
+    """Whether ray.init's ConnectionError comes from the cluster refusing the token: Ray 2.60
+    wraps its AuthenticationError in a RuntimeError's message, and that in the ConnectionError."""
+    from ray.exceptions import AuthenticationError
+
+    while error is not None:
+        if isinstance(error, AuthenticationError) or "InvalidAuthToken" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _free_port() -> int:

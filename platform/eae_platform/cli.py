@@ -34,7 +34,7 @@ from eae_platform.finetune.sweep import check_trial_fits, format_trials, load_sp
 from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
-from eae_platform.progress import VERBOSE_ENV, attach, relay, root_cause, save_traceback, verbose
+from eae_platform.progress import VERBOSE_ENV, attach, innermost, relay, root_cause, save_traceback, verbose
 from eae_platform.ray_session import connect
 from eae_platform.serving.cli import entities_add_command, serve_command
 
@@ -681,7 +681,16 @@ def main(argv: list[str] | None = None) -> int:
         print("eae: interrupted" + (f" ({interrupt})" if str(interrupt) else ""), file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - a failure deep in Ray: its cause last, the traceback in a file
+        if _tracking_unavailable(error):  # the store, not the code: its message says all, as the disk's above
+            print(f"eae: error: {innermost(error)}", file=sys.stderr)
+            return 1
         return _report_failure(error)
+
+
+def _tracking_unavailable(error: BaseException) -> bool:
+    """Whether a new MLflow run could not be created, in this process or in a Ray task or worker."""
+    tracking = sys.modules.get("eae_platform.tracking")  # imported wherever the error was raised or unpickled
+    return tracking is not None and isinstance(innermost(error), tracking.TrackingUnavailable)
 
 
 def _raised_in_ray(error: BaseException) -> bool:

@@ -137,17 +137,21 @@ def _window_pieces(m: dict[str, float]) -> list[str]:
     return pieces
 
 
-def root_cause(error: BaseException) -> str:
-    """`Type: message` of what failed inside the exceptions Ray wraps it in: the lowest failed
-    rank's exception (ray.train.WorkerGroupError), the controller's (ControllerError), a task's
-    own (RayTaskError)."""
+def innermost(error: BaseException) -> BaseException:
+    """What failed inside the exceptions Ray wraps it in: the lowest failed rank's exception
+    (ray.train.WorkerGroupError), the controller's (ControllerError), a task's own (RayTaskError)."""
     while True:
         failures = getattr(error, "worker_failures", None)
         inner = (failures[min(failures)] if failures else getattr(error, "controller_failure", None)
                  or getattr(error, "cause", None))
         if not isinstance(inner, BaseException) or inner is error:
-            break
+            return error
         error = inner
+
+
+def root_cause(error: BaseException) -> str:
+    """`Type: message` of what failed inside the exceptions Ray wraps it in (innermost)."""
+    error = innermost(error)
     lines = [line for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 

@@ -368,6 +368,19 @@ def test_lama_groups_and_prior_baseline_are_counted_per_group():
     assert "lama/geonames/prior_accuracy" not in lama.aggregate(other)  # rows without a prior: no baseline
 
 
+def test_a_tracking_store_that_is_down_is_one_line_not_a_traceback(synth_pretrained, capsys):
+    """The run is created inside the Ray task: its TrackingUnavailable comes back wrapped by Ray,
+    and is still told as the store's message alone (exit 1), as a disk's refusal is."""
+    from tests.conftest import free_port
+
+    tmp, _, _ = synth_pretrained
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert cli.main(["eval", "masked", "--model", str(tmp / "model"), "--data", str(tmp / "data"),
+                     "--set", f"eval.mlflow_uri={dead}"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"eae: error: cannot create an MLflow run: tracking store {dead} unreachable"), line
+
+
 def test_bad_typing_and_relation_data_are_clear_errors(tmp_path):
     """The `--data KIND:ARG,...` dispatch (span_tasks.load_splits): an unknown kind or a wrong
     number of arguments names the usage; a split left empty names it and the skips."""

@@ -292,7 +292,9 @@ def test_analysis_plots_and_overlap_of_two_qa_runs(synth_pretrained, capsys):
     # every synthetic question names its subject, an entity of the vocabulary: few have no mention
     assert m.get("analysis/qa-eval-a/question_mentions/0/n", 0) < 0.2 * len(predictions)
 
+    capsys.readouterr()
     assert cli.main(["eval", "overlap", *common, "--set", "eval.run_name=overlap-world"]) == 0, capsys.readouterr()
+    assert "evaluating overlap: runs qa-eval-a,qa-eval-b (split dev)\n" in capsys.readouterr().out
     m = _metrics(uri, "overlap-world").data.metrics
     a = client.get_run(_qa_run_id(client, "qa-eval-a")).data.metrics["dev/em"]
     b = client.get_run(_qa_run_id(client, "qa-eval-b")).data.metrics["dev/em"]

@@ -24,8 +24,9 @@ def run(config) -> dict:
 
     module = importlib.import_module(f"eae_platform.evaluate.{MODULES[config.task]}")
     runner = getattr(module, "run_overlap" if config.task == "overlap" else "run")
-    say(f"evaluating {config.task}: model {config.model or config.runs}, data {config.data or config.qa_data} "
-        f"(split {config.split})")
+    what = f"runs {config.runs}" if config.task in ("analysis", "overlap") else f"model {config.model}"
+    data = config.data or config.qa_data  # overlap reads no data: only its runs' predictions
+    say(f"evaluating {config.task}: {what}" + (f", data {data}" if data else "") + f" (split {config.split})")
     started = time.perf_counter()
     summary = runner(config)
     say(f"evaluated {config.task} in {time.perf_counter() - started:.1f} s")

@@ -387,6 +387,10 @@ def test_the_registered_model_loads_without_unpickling_and_links_as_the_engine(r
     assert pyfunc.predict({"text": text}) == pyfunc.predict(text) == [expected]
     both = [engine.prepare(engine.link_job(t)) for t in ("the river", text)]
     assert pyfunc.predict(["the river", text]) == engine.run(both)  # one batch, as Serve batches requests
+    for wrong, got in (([{"text": text}], "a list holding a dict"), ({"texts": [text]}, "a mapping without 'text'"),
+                       ({"text": ["the river", 7]}, "a list holding a int")):
+        with pytest.raises(ValueError, match=re.escape(got)):  # never linked as its repr
+            pyfunc.predict(wrong)
 
 
 def test_two_replicas_adding_to_one_store_never_reuse_an_id(model_dir, tmp_path):

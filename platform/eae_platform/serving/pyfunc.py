@@ -19,18 +19,28 @@ import mlflow.pyfunc
 from eae_platform.tracking import MODEL_DIR_ARTIFACT
 
 
+TAKES = 'the EaE pyfunc takes a str, a list of str, {"text": str | list[str]} or a DataFrame with a "text" column'
+
+
 def texts_of(model_input: Any) -> list[str]:
     """A str, a list of str, {"text": str | list[str]}, or a DataFrame with a "text" column (else
     its only one) -> the list of texts."""
     if isinstance(model_input, str):
         return [model_input]
     if isinstance(model_input, Mapping):
+        if "text" not in model_input:
+            raise ValueError(f"{TAKES}; got a mapping without 'text' (keys: {', '.join(map(str, model_input))})")
         model_input = model_input["text"]
-        return [model_input] if isinstance(model_input, str) else [str(t) for t in model_input]
-    if hasattr(model_input, "columns"):
+        if isinstance(model_input, str):
+            return [model_input]
+    elif hasattr(model_input, "columns"):
         column = model_input["text"] if "text" in model_input.columns else model_input.iloc[:, 0]
         return [str(t) for t in column.tolist()]
-    return [str(t) for t in model_input]
+    # not str(t): a record ({"text": ...}) or a number would be linked as its repr
+    wrong = [type(t).__name__ for t in model_input if not isinstance(t, str)]
+    if wrong:
+        raise ValueError(f"{TAKES}; got a list holding a {wrong[0]}")
+    return list(model_input)
 
 
 # Defined with warnings recorded (and dropped): MLflow warns at class creation that predict has

@@ -418,6 +418,13 @@ def _eval(args: argparse.Namespace) -> int:
     config = load_eval_config(args.config, args.set, task=args.task, model=args.model, data=args.data,
                               split=args.split, qa_model=args.qa_model, qa_data=args.qa_data, runs=args.runs,
                               ks=args.ks)
+    # what the task needs and was not given, said here before Ray starts: the task itself said
+    # "finetune.init is empty" for no --model, and "no test shards under /shards/test" for no --data
+    if config.task not in ("analysis", "overlap") and not config.model:
+        raise ValueError(f"eval {config.task} needs a model: --model (eval.model): models:/<name>@<alias>, "
+                         "a model directory or a pretraining checkpoint")
+    if config.task in ("masked", "topk") and not config.data:
+        raise ValueError(f"eval {config.task} needs data: --data (eval.data), an `eae data build` output directory")
     config = _absolute(config)
     for spec in (config.model, config.qa_model):
         _check_local_model(spec)

@@ -370,6 +370,15 @@ def test_lama_groups_and_prior_baseline_are_counted_per_group():
     assert "lama/geonames/prior_accuracy" not in lama.aggregate(other)  # rows without a prior: no baseline
 
 
+def test_a_task_without_its_model_or_data_names_the_flag(tmp_path, capsys):
+    """Not the task's own words for what is missing ("finetune.init is empty", "no test shards
+    under /shards/test"): the flag to give."""
+    assert cli.main(["eval", "masked", "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("eae: error: eval masked needs a model: --model (eval.model)")
+    assert cli.main(["eval", "topk", "--model", "models:/eae@pretrained"]) == 2
+    assert capsys.readouterr().err.startswith("eae: error: eval topk needs data: --data (eval.data)")
+
+
 def test_a_tracking_store_that_is_down_is_one_line_not_a_traceback(synth_pretrained, capsys):
     """The run is created inside the Ray task: its TrackingUnavailable comes back wrapped by Ray,
     and is still told as the store's message alone (exit 1), as a disk's refusal is."""

@@ -428,6 +428,9 @@ def _eval(args: argparse.Namespace) -> int:
     config = _absolute(config)
     for spec in (config.model, config.qa_model):
         _check_local_model(spec)
+    _check_local_data(config)
+    if config.qa_data:
+        check_dataset(config.qa_data)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
 
     def evaluation(config):
@@ -450,6 +453,24 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"MLflow run (memory off, {config.memory_off_run}):  {off['run_id']} in {config.mlflow_uri}")
     print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
     return 0
+
+
+# --data sources of `eae eval` that name a local file or directory after `KIND:`
+EVAL_SOURCES_WITH_PATHS = ("synth", "wiki", "lama", "tacred", "openentity", "wordnet", "bsdgames")
+
+
+def _check_local_data(config) -> None:
+    """--data whose path is not there (an `eae data build` directory, `lama:FILE`,
+    `tacred:TRAIN,...`'s first file, `synth:DIR`, ...) is refused here, before Ray starts, as
+    _check_local_model refuses a model path: the task said so ~10 s later, after a new local
+    cluster's lines."""
+    if config.task in ("masked", "topk", "analysis") and config.data and not Path(config.data).is_dir():
+        raise FileNotFoundError(f"--data {config.data}: not found (give an `eae data build` output directory)")
+    for part in config.data.split(","):
+        kind, sep, path = part.partition(":")
+        if sep and path and kind in EVAL_SOURCES_WITH_PATHS and not Path(path).exists():
+            hint = " (write a world with `eae data synth --out DIR`)" if kind == "synth" else ""
+            raise FileNotFoundError(f"--data {part}: not found{hint}")
 
 
 def _absolute(config):

@@ -379,6 +379,22 @@ def test_a_task_without_its_model_or_data_names_the_flag(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("eae: error: eval topk needs data: --data (eval.data)")
 
 
+def test_a_data_path_that_is_not_there_is_named_as_given(tmp_path, capsys):
+    """Before the task: the data directory, a source's file or directory, and --qa-data's files
+    (the tasks said "no test shards under ...", "LAMA file ... not found", after Ray started)."""
+    model = ["--model", "models:/eae@pretrained", "--set", f"eval.mlflow_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    for args, said in (
+        (["masked", "--data", str(tmp_path / "data")], f"--data {tmp_path / 'data'}: not found (give an `eae data build`"),
+        (["lama", "--data", f"geonames,lama:{tmp_path / 'P19.jsonl'}"], f"--data lama:{tmp_path / 'P19.jsonl'}: not found"),
+        (["relations", "--data", f"tacred:{tmp_path / 'train.json'},dev.json,test.json"],
+         f"--data tacred:{tmp_path / 'train.json'}: not found"),
+        (["topk", "--data", str(tmp_path), "--qa-data", f"synth:{tmp_path / 'world'}"],
+         f"{tmp_path / 'world' / 'questions.jsonl'}: not found"),
+    ):
+        assert cli.main(["eval", *args, *model]) == 2, args
+        assert capsys.readouterr().err.startswith(f"eae: error: {said}"), args
+
+
 def test_a_tracking_store_that_is_down_is_one_line_not_a_traceback(synth_pretrained, capsys):
     """The run is created inside the Ray task: its TrackingUnavailable comes back wrapped by Ray,
     and is still told as the store's message alone (exit 1), as a disk's refusal is."""

@@ -27,6 +27,7 @@ from eae_data.synth import write_world
 from eae_data.wikidump import embedded_dump_path
 from eae_model.config import load_config
 from eae_platform import evaluate, task_stop
+from eae_platform.evaluate.analysis import run_names
 from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
@@ -432,6 +433,8 @@ def _eval(args: argparse.Namespace) -> int:
     if config.qa_data:
         check_dataset(config.qa_data)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
+    if config.task in ("analysis", "overlap"):  # a run not in the store: its name, before Ray starts
+        find_runs(run_names(config), config.mlflow_uri)
 
     def evaluation(config):
         summary = evaluate.run(config)

@@ -395,6 +395,15 @@ def test_a_data_path_that_is_not_there_is_named_as_given(tmp_path, capsys):
         assert capsys.readouterr().err.startswith(f"eae: error: {said}"), args
 
 
+def test_a_qa_run_not_in_the_store_is_named_before_anything_runs(tmp_path, capsys):
+    """analysis/overlap's --runs are looked up by the command itself: nothing printed before the
+    error (the task's lookup came after the Ray cluster's and the task's own lines)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert cli.main(["eval", "overlap", "--runs", "qa-eae,qa-no_eae", "--set", f"eval.mlflow_uri={uri}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.endswith(f"eae: error: no MLflow run with id or name 'qa-eae' in {uri}\n")
+
+
 def test_a_tracking_store_that_is_down_is_one_line_not_a_traceback(synth_pretrained, capsys):
     """The run is created inside the Ray task: its TrackingUnavailable comes back wrapped by Ray,
     and is still told as the store's message alone (exit 1), as a disk's refusal is."""

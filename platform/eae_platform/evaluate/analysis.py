@@ -135,7 +135,9 @@ def load_predictions(run_names: list[str], split: str, uri: str) -> dict[str, li
     return out
 
 
-def _runs(config, count: int | None = None) -> list[str]:
+def run_names(config) -> list[str]:
+    """eval.runs as a list: analysis one or more, overlap exactly two."""
+    count = 2 if config.task == "overlap" else None
     names = [r.strip() for r in config.runs.split(",") if r.strip()]
     if not names or (count is not None and len(names) != count):
         raise ValueError(f"eval.runs needs {'exactly ' + str(count) if count else 'one or more'} QA run(s) "
@@ -149,7 +151,7 @@ def run(config) -> dict:
     from eae_data.qa.resolve import AnswerResolver
     from eae_platform.evaluate.common import tracker
 
-    predictions = load_predictions(_runs(config), config.split, config.mlflow_uri)
+    predictions = load_predictions(run_names(config), config.split, config.mlflow_uri)
     if not config.data:
         raise ValueError("eval.data must be the pretraining data (an `eae data build` directory): answer frequencies")
     frequencies = entity_frequencies(config.data)
@@ -198,7 +200,7 @@ def run_overlap(config) -> dict:
     """`eae eval overlap --runs A,B`."""
     from eae_platform.evaluate.common import tracker
 
-    names = _runs(config, 2)
+    names = run_names(config)
     predictions = load_predictions(names, config.split, config.mlflow_uri)
     if len(predictions) != 2:
         raise ValueError(f"eval.runs names the same run twice: {config.runs!r}")

@@ -36,7 +36,7 @@ from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
 from eae_platform.progress import VERBOSE_ENV, attach, innermost, relay, root_cause, save_traceback, verbose
-from eae_platform.ray_session import connect
+from eae_platform.ray_session import connect, terminated
 from eae_platform.serving.cli import entities_add_command, serve_command
 
 # ----------------------------------------------------------------------------- shared options
@@ -308,10 +308,9 @@ def _run_in_ray_task(fn, config, args: argparse.Namespace):
     """fn(config) as a Ray task of args.cpus CPUs (torch's threads too) and args.gpus GPUs
     (default: 1 when the cluster has one), on the cluster of --address / RAY_ADDRESS (else a
     new local one). A bad-input error inside the task is raised as itself, without Ray's wrapping."""
+    # connect answers SIGTERM as Ray's driver does (sys.exit), which cancels the task below (see
+    # main for the core worker's own handler, which must not take the signal first)
     ray = connect(args.address)
-    # SIGTERM as Ray's driver answers it (sys.exit), which cancels the task below (see main for
-    # the core worker's own handler, which must not take the signal first)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
     cpus = args.cpus
     from eae_platform.pretrain.checks import gpu_wait_note  # (pyarrow, numpy: not for building the parser)
 
@@ -711,6 +710,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         print("eae: interrupted" + (f" ({interrupt})" if str(interrupt) else ""), file=sys.stderr)
         return 130
+    except SystemExit:
+        if not terminated():
+            raise
+        print("eae: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except Exception as error:  # noqa: BLE001 - a failure deep in Ray: its cause last, the traceback in a file
         if _tracking_unavailable(error):  # the store, not the code: its message says all, as the disk's above
             print(f"eae: error: {innermost(error)}", file=sys.stderr)

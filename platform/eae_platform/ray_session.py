@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import sys
+import threading
 
 from eae_platform.progress import verbose
 
@@ -59,9 +62,29 @@ def connect(address: str | None = None, num_cpus: int | None = None):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, dashboard_host="127.0.0.1",
                  dashboard_port=port, runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}},
                  **_quiet())
+    if threading.current_thread() is threading.main_thread():  # (signal handlers: the main thread's only)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if not verbose():
         print(f"Ray's own output (workers, Ray Train, Ray Data): {logs_dir()} (--verbose shows it here)", flush=True)
     return ray
+
+
+# Set by SIGTERM (`ray job stop`, a scheduler) in a process connected to Ray. Ray's driver
+# answers SIGTERM with sys.exit(15), but one that arrives inside ray.get (most of a command's
+# time) comes out as Ray's own SystemExit(1): `eae` exited 1 in silence, as a failure would.
+_terminated = threading.Event()
+
+
+def _exit_on_sigterm(signum, frame):
+    """Ray's driver's SIGTERM handler (sys.exit, which ends the command's MLflow run KILLED and
+    lets `eae` cancel its Ray task), noting the signal."""
+    _terminated.set()
+    sys.exit(signum)
+
+
+def terminated() -> bool:
+    """Whether this process was sent SIGTERM while connected to Ray."""
+    return _terminated.is_set()
 
 
 # _STATE_API: Ray's State API clients in the workers (Ray Data's hanging-task detector, in the

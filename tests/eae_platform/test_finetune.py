@@ -104,6 +104,7 @@ def test_register_as_moves_the_alias_and_a_failed_or_stopped_run_ends_so(synth_p
     out, _ = job.communicate(timeout=120)
     [stopped] = client.search_runs([exp], "attributes.run_name = 'qa-stopped'")
     assert stopped.info.status == "KILLED", out[-3000:]
+    assert job.returncode == 143 and "eae: terminated (SIGTERM)" in out, (job.returncode, out[-3000:])
 
 
 def test_bad_finetune_input_is_a_clear_error(synth_pretrained, capsys):

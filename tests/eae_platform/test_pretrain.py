@@ -278,8 +278,8 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
     """`eae pretrain` (as `ray job submit -- python jobs/pretrain.py` runs it) stopped mid-run by
     Ctrl-C (SIGINT, which Ray Train answers by aborting its workers and sys.exit) and, in a
     second job beside it, by `ray job stop` (SIGTERM, which Ray's driver turns into sys.exit):
-    each one's MLflow run ends KILLED, not RUNNING. (Side by side: one job's start-up, most of
-    its time, overlaps the other's.)"""
+    each one's MLflow run ends KILLED, not RUNNING, and the SIGTERM one exits 143 saying so.
+    (Side by side: one job's start-up, most of its time, overlaps the other's.)"""
     import subprocess
     import sys
 
@@ -309,11 +309,17 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
                 del waiting[sig]
         assert time.time() < deadline, "the pretraining never got to step 3"
         time.sleep(0.5)
+    out_of = {}
     for sig, (job, uri, _, name) in jobs.items():
         out, _ = job.communicate(timeout=120)
+        out_of[sig] = out
         client = MlflowClient(uri)
         (r,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
         assert r.info.run_name == name and r.info.status == "KILLED", (sig, out[-3000:])
+    # SIGTERM said and told by its exit status (128 + 15), as a shell tells a process it ended;
+    # before, Ray's SystemExit(1) from inside ray.get: exit 1 in silence, as a failure
+    job, *_ = jobs[signal.SIGTERM]
+    assert job.returncode == 143 and "eae: terminated (SIGTERM)" in out_of[signal.SIGTERM], job.returncode
 
 
 def _sharded_table_worker(config):

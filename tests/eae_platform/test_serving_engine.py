@@ -433,3 +433,19 @@ def test_faiss_table_retrieves_as_the_model_s_own_table(backend):
     for k in (1, 10):
         expected, _ = entity_attention(h, grown, k)
         assert torch.allclose(table.attend(h, k).retrieved, expected, atol=1e-5)
+
+
+def test_cli_entities_add_url_without_a_server_or_a_scheme_is_one_clear_error(capsys):
+    """urllib's own words were a traceback file and exit 1: "URLError: ... Connection refused",
+    "unknown url type: 127.0.0.1"."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        add = ["entities", "add", "--title", "Ada Quill", "--context", "Ada Quill wrote."]
+        assert main([*add, "--url", f"http://127.0.0.1:{port}"]) == 2
+        err = capsys.readouterr().err
+        assert f"--url http://127.0.0.1:{port}: no server answered" in err and "traceback" not in err
+        assert main([*add, "--url", f"127.0.0.1:{port}"]) == 2
+        assert f"e.g. http://127.0.0.1:{port}" in capsys.readouterr().err

@@ -158,6 +158,9 @@ def _new_entities(args: argparse.Namespace) -> list[dict]:
 def entities_add_command(args: argparse.Namespace) -> int:
     entities = _new_entities(args)
     if args.url:
+        # urllib names neither a missing scheme nor a dead port plainly ("unknown url type", URLError)
+        if not args.url.startswith(("http://", "https://")):
+            raise ValueError(f"--url {args.url}: give the server's address with its scheme, e.g. http://{args.url}")
         request = urllib.request.Request(f"{args.url.rstrip('/')}/v1/entities", method="POST",
                                          data=json.dumps({"entities": entities}).encode(),
                                          headers={"Content-Type": "application/json"})
@@ -166,6 +169,8 @@ def entities_add_command(args: argparse.Namespace) -> int:
                 added = json.loads(r.read())["added"]
         except urllib.error.HTTPError as exc:
             raise ValueError(f"{args.url} refused: {json.loads(exc.read()).get('error')}") from None
+        except urllib.error.URLError as exc:
+            raise ValueError(f"--url {args.url}: no server answered ({exc.reason}); is `eae serve` running there?") from None
     else:
         from eae_platform.serving.engine import Engine, EngineConfig, RequestError
         from eae_platform.serving.model_source import resolve

@@ -449,3 +449,39 @@ def test_cli_entities_add_url_without_a_server_or_a_scheme_is_one_clear_error(ca
         assert f"--url http://127.0.0.1:{port}: no server answered" in err and "traceback" not in err
         assert main([*add, "--url", f"127.0.0.1:{port}"]) == 2
         assert f"e.g. http://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_entities_of_another_data_are_refused_not_served_under_wrong_titles(model_dir, tmp_path, monkeypatch, capsys):
+    """docs/serving.md's `eae serve --model CHECKPOINT --entities runs/wiki-sample`, with the quick
+    start's model of a synthetic world, served the gensim sample's titles for its ids."""
+    import socket
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import eae_platform.ray_session
+
+    other = tmp_path / "other-data"
+    other.mkdir()
+    pq.write_table(pa.table({"entity_id": pa.array(range(600), pa.int32()), "title": [f"Other {i}" for i in range(600)],
+                             "count": pa.array([1] * 600, pa.int64())}), other / "entities.parquet")
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    shutil.copy(model_dir / "model.safetensors", ckpt)
+    config = json.loads((model_dir / "config.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({"config": {"model": config, "train": {"data": str(model_dir)}}}))
+    for model in (model_dir, ckpt):  # its own entities.parquet; its checkpoint's train.data's
+        with pytest.raises(ValueError, match="entity 0 is 'Other 0' there but 'Entity number 0'"):
+            resolve(str(model), str(other))
+        assert resolve(str(model), str(model_dir)).titles_file == model_dir / "entities.parquet"  # its own: fine
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(eae_platform.ray_session, "connect", no_ray)
+    with socket.socket() as s:  # a free port: 8000 may be another server's, refused for that
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", "--model", str(ckpt), "--entities", str(other), "--port", str(port)]) == 2
+    assert "not the data it was trained on" in capsys.readouterr().err

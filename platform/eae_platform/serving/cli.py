@@ -70,9 +70,21 @@ def serve_settings(args: argparse.Namespace):
     if not s["model"].startswith("models:/") and "://" not in s["model"] and not Path(s["model"]).is_dir():
         raise FileNotFoundError(f"model {s['model']}: no such directory (expected models:/name@alias, an "
                                 f"`eae pretrain --out` directory or a checkpoint)")  # before starting Ray
+    if s.get("entities") and "://" not in s["model"] and not s["model"].startswith("models:/"):
+        check_entities(s["model"], s["entities"])  # a replica finds it too, but ~20 s later, after Ray started
     if s["model"].startswith("models:/") and not s.get("mlflow_uri"):
         s["mlflow_uri"] = tracking_uri()  # resolved here: ./mlflow.db means this directory
     return ServeSettings.from_args(s)
+
+
+def check_entities(model: str, entities: str) -> None:
+    """--entities missing, or not the vocabulary of this local model (directory or checkpoint)."""
+    from eae_platform.serving.model_source import _titles_file
+
+    path = Path(model)
+    state = path / "state.json"
+    data = json.loads(state.read_text())["config"].get("train", {}).get("data") if state.is_file() else None
+    _titles_file(entities, path, data)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -66,16 +66,31 @@ def _local_model_dir(path: Path) -> tuple[Path, str | None]:
 
 
 def _titles_file(entities: str | None, model_dir: Path, checkpoint_data: str | None) -> Path | None:
+    own = next((c for c in (model_dir / ENTITIES_FILE, Path(checkpoint_data) / ENTITIES_FILE if checkpoint_data
+                            else None) if c is not None and c.is_file()), None)
     if entities:
         p = Path(entities).expanduser()
         p = p / ENTITIES_FILE if p.is_dir() else p
         if not p.is_file():
             raise FileNotFoundError(f"entities {entities!r}: no {ENTITIES_FILE} there")
+        if own is not None and own.resolve() != p.resolve():
+            check_same_vocabulary(p, own)
         return p
-    for candidate in (model_dir / ENTITIES_FILE, Path(checkpoint_data) / ENTITIES_FILE if checkpoint_data else None):
-        if candidate is not None and candidate.is_file():
-            return candidate
-    return None
+    return own
+
+
+def check_same_vocabulary(given: Path, own: Path) -> None:
+    """`--entities` for a model that has a vocabulary of its own (its directory's, its checkpoint's
+    data's) must give its ids the same titles: another data's vocabulary (the gensim sample's for
+    a model of a synthetic world) was served, every title silently wrong."""
+    import pyarrow.parquet as pq
+
+    a, b = ({i: t for i, t in zip(*pq.read_table(p, columns=["entity_id", "title"]).to_pydict().values())}
+            for p in (given, own))
+    wrong = next((i for i in sorted(b) if i in a and a[i] != b[i]), None)
+    if wrong is not None:
+        raise ValueError(f"entities {str(given)!r}: entity {wrong} is {a[wrong]!r} there but {b[wrong]!r} in the "
+                         f"model's own vocabulary ({own}): not the data it was trained on (leave --entities out)")
 
 
 def read_titles(path: Path | None, num_entities: int) -> list[str | None]:

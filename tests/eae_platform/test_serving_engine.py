@@ -485,3 +485,22 @@ def test_entities_of_another_data_are_refused_not_served_under_wrong_titles(mode
         port = s.getsockname()[1]
     assert main(["serve", "--model", str(ckpt), "--entities", str(other), "--port", str(port)]) == 2
     assert "not the data it was trained on" in capsys.readouterr().err
+
+
+def test_serve_of_a_directory_that_holds_no_model_is_refused_before_ray_starts(tmp_path, monkeypatch, capsys):
+    """`--set model=DIR` naming a data directory started Ray and exited 1 when the replica failed."""
+    import socket
+
+    import eae_platform.ray_session
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(eae_platform.ray_session, "connect", no_ray)
+    (tmp_path / "world.xml").write_text("<mediawiki/>")
+    with socket.socket() as s:  # a free port: 8000 may be another server's, refused for that
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", "--model", str(tmp_path), "--port", str(port)]) == 2
+    assert "neither a model directory (model.safetensors + config.json)" in capsys.readouterr().err

@@ -67,10 +67,16 @@ def serve_settings(args: argparse.Namespace):
         raise ValueError("--model is required (or a --config naming one)")
     s["model"], s["entities"] = _absolute(s["model"]), _absolute(s.get("entities"))
     engine["entity_store"] = _absolute(engine.get("entity_store"))
-    if not s["model"].startswith("models:/") and "://" not in s["model"] and not Path(s["model"]).is_dir():
+    local = not s["model"].startswith("models:/") and "://" not in s["model"]
+    if local and not Path(s["model"]).is_dir():
         raise FileNotFoundError(f"model {s['model']}: no such directory (expected models:/name@alias, an "
                                 f"`eae pretrain --out` directory or a checkpoint)")  # before starting Ray
-    if s.get("entities") and "://" not in s["model"] and not s["model"].startswith("models:/"):
+    if local and not ((Path(s["model"]) / "model.safetensors").is_file()
+                      and any((Path(s["model"]) / f).is_file() for f in ("config.json", "state.json"))):
+        # a replica would say so too, but ~20 s later, after Ray started, and exit 1
+        raise FileNotFoundError(f"model {s['model']}: neither a model directory (model.safetensors + config.json) "
+                                f"nor a pretraining checkpoint (model.safetensors + state.json)")
+    if local and s.get("entities"):
         check_entities(s["model"], s["entities"])  # a replica finds it too, but ~20 s later, after Ray started
     if s["model"].startswith("models:/") and not s.get("mlflow_uri"):
         s["mlflow_uri"] = tracking_uri()  # resolved here: ./mlflow.db means this directory

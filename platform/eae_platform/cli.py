@@ -113,6 +113,8 @@ def _data_build(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.dump:
+        if not all(d.strip() for d in args.dump):  # `--dump "$UNSET"`: 'dump not found: ' named nothing
+            raise ValueError("--dump is empty (an unset shell variable?): give a dump's path")
         missing = [d for d in args.dump if not os.path.isfile(d)]
         if missing:
             raise FileNotFoundError(f"dump not found: {', '.join(missing)}")

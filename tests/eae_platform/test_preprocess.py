@@ -279,3 +279,11 @@ def test_a_synthetic_world_gets_usable_dev_and_test_splits_by_default(tmp_path):
     assert BuildSettings(dumps=[], out="").dev_fraction == 0.002  # real dumps keep the paper's
     given = synthetic_settings([str(tmp_path / "w" / "world.xml")], str(tmp_path / "out"), dev_fraction=0.2)
     assert given.dev_fraction == 0.2 and given.test_fraction == 0.05
+
+
+def test_an_empty_dump_path_says_so(tmp_path, capsys):
+    """docs/data.md's `--dump "$SAMPLE"` with SAMPLE unset said 'dump not found: ' and named nothing."""
+    from eae_platform.cli import main
+
+    assert main(["data", "build", "--dump", "runs/vital/vital.xml", "--dump", "", "--out", str(tmp_path)]) == 2
+    assert "--dump is empty (an unset shell variable?)" in capsys.readouterr().err

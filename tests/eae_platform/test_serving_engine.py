@@ -451,6 +451,12 @@ def test_cli_entities_add_url_without_a_server_or_a_scheme_is_one_clear_error(ca
         assert f"e.g. http://127.0.0.1:{port}" in capsys.readouterr().err
 
 
+def test_cli_entities_add_file_that_is_not_there_names_the_flag(tmp_path, capsys):
+    """It said "[Errno 2] No such file or directory: '...'", naming neither --file nor what it holds."""
+    assert main(["entities", "add", "--file", str(tmp_path / "new.jsonl"), "--url", "http://127.0.0.1:1"]) == 2
+    assert f"--file {tmp_path / 'new.jsonl'}: no such file (JSON lines of" in capsys.readouterr().err
+
+
 def test_entities_of_another_data_are_refused_not_served_under_wrong_titles(model_dir, tmp_path, monkeypatch, capsys):
     """docs/serving.md's `eae serve --model CHECKPOINT --entities runs/wiki-sample`, with the quick
     start's model of a synthetic world, served the gensim sample's titles for its ids."""

@@ -159,6 +159,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def _new_entities(args: argparse.Namespace) -> list[dict]:
     if args.file:
+        if not Path(args.file).is_file():  # read_text's own words name neither the flag nor the command
+            raise FileNotFoundError(f"--file {args.file}: no such file (JSON lines of {{title, contexts, aliases?}})")
         lines = Path(args.file).read_text().splitlines()
         entities = []
         for n, line in enumerate(lines, 1):

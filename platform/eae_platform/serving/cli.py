@@ -85,12 +85,12 @@ def serve_settings(args: argparse.Namespace):
 
 def check_entities(model: str, entities: str) -> None:
     """--entities missing, or not the vocabulary of this local model (directory or checkpoint)."""
-    from eae_platform.serving.model_source import _titles_file
+    from eae_platform.serving.model_source import titles_file
 
     path = Path(model)
     state = path / "state.json"
     data = json.loads(state.read_text())["config"].get("train", {}).get("data") if state.is_file() else None
-    _titles_file(entities, path, data)
+    titles_file(entities, path, data)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -45,7 +45,7 @@ def resolve(model: str, entities: str | None = None, mlflow_uri: str | None = No
             raise FileNotFoundError(f"model {model!r}: no such directory (expected models:/name@alias, "
                                     f"an `eae pretrain --out` directory or a checkpoint)")
         model_dir, checkpoint_data = _local_model_dir(path)
-    return ModelFiles(model_dir, _titles_file(entities, model_dir, checkpoint_data), model)
+    return ModelFiles(model_dir, titles_file(entities, model_dir, checkpoint_data), model)
 
 
 def _local_model_dir(path: Path) -> tuple[Path, str | None]:
@@ -65,7 +65,9 @@ def _local_model_dir(path: Path) -> tuple[Path, str | None]:
                             f"nor a pretraining checkpoint (model.safetensors + state.json)")
 
 
-def _titles_file(entities: str | None, model_dir: Path, checkpoint_data: str | None) -> Path | None:
+def titles_file(entities: str | None, model_dir: Path, checkpoint_data: str | None) -> Path | None:
+    """The titles to serve: --entities (checked against the model's own vocabulary where it has
+    one), else its directory's, else its checkpoint's data's; None: no titles."""
     own = next((c for c in (model_dir / ENTITIES_FILE, Path(checkpoint_data) / ENTITIES_FILE if checkpoint_data
                             else None) if c is not None and c.is_file()), None)
     if entities:

@@ -357,6 +357,15 @@ def _check_local_model(spec: str | None) -> None:
         resolve_init(spec)
 
 
+def _check_init_given(init: str | None, how: str) -> None:
+    """No model to fine-tune, refused before Ray starts: the Ray task said "finetune.init is
+    empty" ~10 s later, and in a sweep every trial failed in turn, leaving a sweep directory that
+    the next run was told to --resume."""
+    if not init:
+        raise ValueError(f"no model to fine-tune: give {how}: models:/<name>@<alias>, a model directory "
+                         "or a pretraining checkpoint")
+
+
 def _finetune_in_task(config):
     """eae_platform.finetune.qa.finetune, imported in the Ray task that runs it: the driver never
     needs torch (~2.7 CPU-seconds of import on a 2-core machine, for every `eae finetune qa`)."""
@@ -373,6 +382,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
                                   register_as=args.register_as)
     # Resolved here: the task may run in another directory (or on another node of a cluster).
     config = absolute_paths(config)
+    _check_init_given(config.init, "--init (finetune.init)")
     _check_local_model(config.init)
     check_dataset(config.data)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()
@@ -526,6 +536,7 @@ def _tune(args: argparse.Namespace) -> int:
     space = load_space(args.space, args.set + ([f"finetune.register_as={args.register_as}"] if args.register_as else []))
     trials = (absolute_paths(space.trial_config(params)) for params in space.combinations())
     for init, data in dict.fromkeys((t.init, t.data) for t in trials):  # each once, here before Ray starts
+        _check_init_given(init, "--set finetune.init=MODEL (or the space's finetune.init)")
         _check_local_model(init)
         check_dataset(data)
     connect(args.address)

@@ -119,6 +119,25 @@ def test_bad_finetune_input_is_a_clear_error(synth_pretrained, capsys):
     assert f"{tmp / 'nowhere' / 'questions.jsonl'}: not found" in capsys.readouterr().err
 
 
+def test_no_model_to_finetune_is_refused_before_ray_and_before_any_trial(tmp_path, capsys):
+    """No --init (finetune.init): the Ray task said "finetune.init is empty" after Ray had
+    started, and a sweep ran every trial to that error, then wanted --resume for a rerun."""
+    from eae_data.synth import write_world
+
+    write_world(tmp_path / "world", 50, seed=0)
+    assert cli.main(["finetune", "qa", "--data", f"synth:{tmp_path / 'world'}"]) == 2
+    assert "no model to fine-tune: give --init (finetune.init)" in capsys.readouterr().err
+    path = tmp_path / "space.yaml"
+    path.write_text(f"""
+sweep: {{name: noinit, max_concurrent: 1, cpus_per_trial: 1, storage_path: "{tmp_path / 'tune'}"}}
+finetune: {{data: "synth:{tmp_path / 'world'}", max_steps: 5, mlflow_uri: "sqlite:///{tmp_path / 'mlflow.db'}"}}
+grid: {{lr: [1.0e-3, 3.0e-4]}}
+""")
+    assert cli.main(["tune", "--space", str(path)]) == 2
+    assert "no model to fine-tune: give --set finetune.init=MODEL" in capsys.readouterr().err
+    assert not (tmp_path / "tune").exists()  # no sweep begun: nothing to --resume
+
+
 def _space(tmp, tmp_path, uri, body):
     path = tmp_path / "space.yaml"
     path.write_text(body.format(init=tmp / "model", world=tmp / "world", uri=uri, storage=tmp_path / "tune"))

@@ -293,6 +293,19 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     check_trial_fits(SweepConfig(gpus_per_trial=1, wait_for_resources=True))  # where an autoscaler adds the node
 
 
+def test_compare_names_a_sweeps_dataset(tmp_path, capsys):
+    """A sweep's parent run (eae tune) logs its space, not the trials' eae.dataset tag: its
+    dataset cell was empty beside an `eae finetune qa` run's."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("sweep"), run_name="synth-grid",
+                               tags={"eae.task": "qa-sweep"}).info.run_id
+    client.log_param(run_id, "finetune.data", f"synth:{tmp_path / 'world'}")
+    client.log_metric(run_id, "dev/em", 0.099)
+    assert cli.main(["compare", "synth-grid", "--mlflow-uri", uri]) == 0
+    assert "| synth-grid | synth | 9.9 |" in capsys.readouterr().out
+
+
 def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)

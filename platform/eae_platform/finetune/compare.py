@@ -59,7 +59,10 @@ def find_runs(names: list[str], uri: str) -> list[RunInfo]:
                 raise LookupError(f"no MLflow run with id or name {name!r} in {uri}") from None
             run = found[0]
         params, tags = run.data.params, run.data.tags
-        kind = tags.get("eae.dataset") or params.get("model.preset") or ""
+        # a sweep's parent run has no dataset tag (its trials do) but logs its space's finetune.data,
+        # whose format ("synth:DIR") is the dataset's name
+        kind = (tags.get("eae.dataset") or params.get("finetune.data", "").partition(":")[0]
+                or params.get("model.preset") or "")
         if params.get("model.use_entity_memory") == "false" and kind not in ("no_eae", "mm"):
             kind += " without memory"  # a preset with the memory switched off (a No-EaE ablation)
         out.append(RunInfo(run.info.run_id, run.info.run_name or run.info.run_id[:8], kind, dict(run.data.metrics)))

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from eae_model.config import parse_override
+from eae_platform.serving.model_source import check_local
 
 
 def load_settings(config: str | None, overrides: list[str]) -> dict[str, Any]:
@@ -67,30 +68,13 @@ def serve_settings(args: argparse.Namespace):
         raise ValueError("--model is required (or a --config naming one)")
     s["model"], s["entities"] = _absolute(s["model"]), _absolute(s.get("entities"))
     engine["entity_store"] = _absolute(engine.get("entity_store"))
-    local = not s["model"].startswith("models:/") and "://" not in s["model"]
-    if local and not Path(s["model"]).is_dir():
-        raise FileNotFoundError(f"model {s['model']}: no such directory (expected models:/name@alias, an "
-                                f"`eae pretrain --out` directory or a checkpoint)")  # before starting Ray
-    if local and not ((Path(s["model"]) / "model.safetensors").is_file()
-                      and any((Path(s["model"]) / f).is_file() for f in ("config.json", "state.json"))):
-        # a replica would say so too, but ~20 s later, after Ray started, and exit 1
-        raise FileNotFoundError(f"model {s['model']}: neither a model directory (model.safetensors + config.json) "
-                                f"nor a pretraining checkpoint (model.safetensors + state.json)")
-    if local and s.get("entities"):
-        check_entities(s["model"], s["entities"])  # a replica finds it too, but ~20 s later, after Ray started
+    if not s["model"].startswith("models:/") and "://" not in s["model"]:
+        # the replica's checks (no model there, --entities of another vocabulary), made before
+        # starting Ray: a replica made them ~20 s later, after Ray started, and exited 1
+        check_local(s["model"], s.get("entities"))
     if s["model"].startswith("models:/") and not s.get("mlflow_uri"):
         s["mlflow_uri"] = tracking_uri()  # resolved here: ./mlflow.db means this directory
     return ServeSettings.from_args(s)
-
-
-def check_entities(model: str, entities: str) -> None:
-    """--entities missing, or not the vocabulary of this local model (directory or checkpoint)."""
-    from eae_platform.serving.model_source import titles_file
-
-    path = Path(model)
-    state = path / "state.json"
-    data = json.loads(state.read_text())["config"].get("train", {}).get("data") if state.is_file() else None
-    titles_file(entities, path, data)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -40,29 +40,49 @@ def resolve(model: str, entities: str | None = None, mlflow_uri: str | None = No
         model_dir = download_model_dir(model, dst, uri=mlflow_uri)
         checkpoint_data = None
     else:
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"model {model!r}: no such directory (expected models:/name@alias, "
-                                    f"an `eae pretrain --out` directory or a checkpoint)")
+        path = _local_path(model)
         model_dir, checkpoint_data = _local_model_dir(path)
     return ModelFiles(model_dir, titles_file(entities, model_dir, checkpoint_data), model)
 
 
-def _local_model_dir(path: Path) -> tuple[Path, str | None]:
+def check_local(model: str, entities: str | None = None) -> None:
+    """resolve's checks of a local model and its titles, without preparing its files (a
+    checkpoint's linked directory): `eae serve` makes them before Ray starts."""
+    path = _local_path(model)
+    config = _checkpoint_config(path)
+    titles_file(entities, path, config.get("train", {}).get("data") if config else None)
+
+
+def _local_path(model: str) -> Path:
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model {model!r}: no such directory (expected models:/name@alias, "
+                                f"an `eae pretrain --out` directory or a checkpoint)")
+    return path
+
+
+def _checkpoint_config(path: Path) -> dict | None:
+    """A Ray Train checkpoint's config (its state.json's); None for a model directory."""
     if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
-        return path, None
+        return None
     state = path / "state.json"
     if (path / "model.safetensors").is_file() and state.is_file():
-        # A Ray Train checkpoint: the model config lives in state.json. Link its weights next
-        # to a config.json in a fresh directory (the checkpoint itself stays untouched).
-        config = json.loads(state.read_text())["config"]
-        out = Path(tempfile.mkdtemp(prefix="eae-checkpoint-"))
-        (out / "config.json").write_text(json.dumps(config["model"]))
-        for f in [path / "model.safetensors", *sorted(path.glob("entities-*.safetensors"))]:
-            os.symlink(f.resolve(), out / f.name)
-        return out, config.get("train", {}).get("data")
+        return json.loads(state.read_text())["config"]
     raise FileNotFoundError(f"{path}: neither a model directory (model.safetensors + config.json) "
                             f"nor a pretraining checkpoint (model.safetensors + state.json)")
+
+
+def _local_model_dir(path: Path) -> tuple[Path, str | None]:
+    config = _checkpoint_config(path)
+    if config is None:
+        return path, None
+    # A Ray Train checkpoint: the model config lives in state.json. Link its weights next to a
+    # config.json in a fresh directory (the checkpoint itself stays untouched).
+    out = Path(tempfile.mkdtemp(prefix="eae-checkpoint-"))
+    (out / "config.json").write_text(json.dumps(config["model"]))
+    for f in [path / "model.safetensors", *sorted(path.glob("entities-*.safetensors"))]:
+        os.symlink(f.resolve(), out / f.name)
+    return out, config.get("train", {}).get("data")
 
 
 def titles_file(entities: str | None, model_dir: Path, checkpoint_data: str | None) -> Path | None:

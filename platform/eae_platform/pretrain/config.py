@@ -139,12 +139,12 @@ class TrainConfig:
         # A negative count read no dev batch at all: a run without dev metrics, and no word of it
         if self.eval_batches < 0:
             problems.append(f"eval_batches must be >= 0 (0: the whole dev split), got {self.eval_batches}")
-        # A worker of no resources at all is a bundle Ray refuses ("Bundles cannot be an empty
-        # dictionary"), after the run has started; a GPU worker may ask no CPU
         # Ray's FailureConfig reads -1 as any number of restarts and takes -2 without a word
         # (Ray 2.60), a meaning it does not document
         if self.max_failures < -1:
             problems.append(f"max_failures must be >= -1 (-1: any number), got {self.max_failures}")
+        # A worker of no resources at all is a bundle Ray refuses ("Bundles cannot be an empty
+        # dictionary"), after the run has started; a GPU worker may ask no CPU
         if self.cpus_per_worker < 0 or (self.cpus_per_worker == 0 and not self.use_gpu):
             problems.append(f"cpus_per_worker must be positive (or 0 with use_gpu), got {self.cpus_per_worker}")
         for name in ("batch_size", "max_steps", "num_workers", "log_every", "checkpoint_every"):

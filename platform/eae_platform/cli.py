@@ -31,7 +31,7 @@ from eae_platform.evaluate.analysis import run_names
 from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
-from eae_platform.finetune.sweep import check_trial_fits, format_trials, load_space, run_sweep
+from eae_platform.finetune.sweep import check_trial_fits, format_trials, load_space, resume_space, run_sweep
 from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
@@ -534,6 +534,8 @@ def _add_eval(commands) -> None:
 
 def _tune(args: argparse.Namespace) -> int:
     space = load_space(args.space, args.set + ([f"finetune.register_as={args.register_as}"] if args.register_as else []))
+    if args.resume:  # the settings the sweep started with (sweep.json), this command line's checked against them
+        space = resume_space(space)
     trials = (absolute_paths(space.trial_config(params)) for params in space.combinations())
     for init, data in dict.fromkeys((t.init, t.data) for t in trials):  # each once, here before Ray starts
         _check_init_given(init, "--set finetune.init=MODEL (or the space's finetune.init)")
@@ -558,7 +560,8 @@ def _add_tune(commands) -> None:
     t = commands.add_parser("tune", help="a Ray Tune sweep of QA fine-tuning (the paper's grids, or Optuna)")
     t.add_argument("--space", required=True, help="a search space file, e.g. tune_spaces/webquestions.yaml")
     _overrides(t, "SECTION.KEY=VALUE", "override: sweep.<key>, finetune.<key> or grid.<key>=[...]")
-    t.add_argument("--resume", action="store_true", help="continue the sweep of this name (re-runs failed trials)")
+    t.add_argument("--resume", action="store_true", help="continue the sweep of this name with the settings it started with "
+                   "(re-runs failed trials)")
     t.add_argument("--register-as", metavar="NAME", help="register the selected trial's model as a version of NAME "
                    "and point its alias (finetune.alias, default qa) at it (default: a new version of eae-qa, no alias moved)")
     _ray_options(t)

@@ -23,7 +23,8 @@ from eae_platform import cli
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import load_finetune_config
 from eae_platform.finetune.qa import QATask, clip_gradients, load_init_model, resolve_init
-from eae_platform.finetune.sweep import SweepConfig, check_trial_fits, load_space, run_sweep
+from eae_platform.finetune.sweep import (SweepConfig, check_trial_fits, load_space, resolved, resume_space, run_sweep,
+                                         save_state)
 
 
 def test_finetuning_beats_the_untuned_model(synth_pretrained, capsys):
@@ -229,14 +230,17 @@ grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
 
 
 def test_failed_trial_is_reported_and_rerun_by_resume_through_optuna(synth_pretrained, tmp_path, capsys):
+    """The model and the registered name are given on the first command line only: --resume
+    continues with them (it read its command line, and failed "no model to fine-tune")."""
     tmp, _, uri = synth_pretrained
     path = _space(tmp, tmp_path, uri, """
 sweep: {{name: crash, search: optuna-grid, max_concurrent: 1, cpus_per_trial: 1, storage_path: "{storage}"}}
-finetune: {{init: "{init}", data: "synth:{world}", max_steps: 20, log_every: 10, mlflow_uri: "{uri}",
+finetune: {{data: "synth:{world}", max_steps: 20, log_every: 10, mlflow_uri: "{uri}",
            crash_once_file: "{storage}-crashed"}}
 grid: {{lr: [1.0e-3, 3.0e-4]}}
 """)
-    assert cli.main(["tune", "--space", str(path), "--register-as", "eae-qa-swept"]) == 0  # one trial fails, the sweep does not
+    assert cli.main(["tune", "--space", str(path), "--set", f"finetune.init={tmp / 'model'}",
+                     "--register-as", "eae-qa-swept"]) == 0  # one trial fails, the sweep does not
     captured = capsys.readouterr()
     assert "registered:  models:/eae-qa-swept@qa -> version 1 (new alias)" in captured.out
     assert "failed: RuntimeError: crash_once_file" in captured.err
@@ -251,10 +255,64 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     assert cli.main(["tune", "--space", str(path), "--resume"]) == 0
     out = capsys.readouterr().out
     assert "FAILED" not in out and out.count("| ok |") + out.count("| selected |") == 2
+    assert "registered:  models:/eae-qa-swept@qa -> version 2 (moved from version 1)" in out
     parent = MlflowClient(uri).get_run(first["parent_run_id"])  # the same parent run
     assert parent.data.metrics["sweep/failed"] == 0 and parent.data.metrics["sweep/finished"] == 2
-    assert cli.main(["tune", "--space", str(path)]) == 2  # no silent overwrite
+    assert cli.main(["tune", "--space", str(path), "--set", f"finetune.init={tmp / 'model'}"]) == 2  # no silent overwrite
     assert "resume it with --resume" in capsys.readouterr().err
+
+
+def test_resume_continues_with_the_settings_the_sweep_started_with(tmp_path, capsys):
+    """sweep.json keeps the sweep's resolved space and what load_space read (the space file's
+    sections, the overrides). --resume takes the saved settings: a command line that does not
+    repeat the overrides continues the same sweep, one that repeats them too; one that gives
+    other values (an override, or the space file edited since) is refused, one eae: error line
+    naming every differing key. An older sweep.json resumes, with a note."""
+    path = tmp_path / "space.yaml"
+    file = f"""
+sweep: {{name: saved, max_concurrent: 1, storage_path: "{tmp_path / 'tune'}"}}
+finetune: {{data: "synth:{tmp_path / 'world'}", max_steps: 20, mlflow_uri: "sqlite:///{tmp_path / 'mlflow.db'}"}}
+grid: {{lr: [1.0e-3, 3.0e-4]}}
+"""
+    path.write_text(file)
+    started = ["finetune.init=models:/eae@pretrained", "finetune.max_steps=30", "grid.batch_size=[16]"]
+    save_state(resolved(load_space(path, started)), "parent-run")
+    space = resume_space(load_space(path))  # no override repeated
+    assert space.finetune["init"] == "models:/eae@pretrained" and space.finetune["max_steps"] == 30
+    assert space.grid == {"lr": [1e-3, 3e-4], "batch_size": [16]} and space.sweep.max_concurrent == 1
+    assert resume_space(load_space(path, started)).to_dict() == space.to_dict()  # repeated: the same
+    assert capsys.readouterr().err == ""
+    # a relaunch of another cluster may wait for a node that holds a trial: that setting is the command line's
+    assert resume_space(load_space(path, ["sweep.wait_for_resources=true"])).sweep.wait_for_resources
+    for overrides, said in (
+        (["finetune.max_steps=40", "finetune.init=models:/eae@pretrained", "grid.lr=[1.0e-3]"],
+         "finetune.max_steps (started with 30, now 40); grid.lr (started with [0.001, 0.0003], now [0.001]): "),
+        (["finetune.init=models:/other@pretrained"], "finetune.init (started with 'models:/eae@pretrained', now "),
+    ):
+        assert cli.main(["tune", "--space", str(path), "--resume", *(f"--set={o}" for o in overrides)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("eae: error: sweep saved was started with other settings than this command line "
+                              "gives: " + said) and err.count("\n") == 1, err
+        assert "resume without them (the sweep's saved settings are used)" in err
+    path.write_text(file.replace("max_steps: 20", "max_steps: 20, log_every: 5"))  # the file edited since
+    with pytest.raises(ValueError, match=r"gives: finetune.log_every \(started with 10, now 5\): "):
+        resume_space(load_space(path))
+    path.write_text(file)
+    # a sweep.json of before the space file was saved: its saved space, overrides checked, a note
+    state = tmp_path / "tune" / "saved" / "sweep.json"
+    saved = json.loads(state.read_text())
+    state.write_text(json.dumps({"parent_run_id": saved["parent_run_id"], "space": saved["space"]}))
+    assert resume_space(load_space(path)).to_dict() == space.to_dict()
+    assert capsys.readouterr().err.startswith("eae: note: sweep saved was started before eae tune saved its space file")
+    with pytest.raises(ValueError, match="finetune.max_steps"):
+        resume_space(load_space(path, ["finetune.max_steps=40"]))
+    capsys.readouterr()
+    state.write_text(json.dumps({"parent_run_id": saved["parent_run_id"]}))  # no saved settings: the command line's
+    assert resume_space(load_space(path)).finetune["max_steps"] == 20
+    assert capsys.readouterr().err.startswith(f"eae: note: {state} holds no saved settings: resuming with this command line's")
+    state.unlink()
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        resume_space(load_space(path))
 
 
 def test_tune_refuses_what_no_trial_could_run_before_any_trial(synth_pretrained, ray_cluster, tmp_path, capsys):

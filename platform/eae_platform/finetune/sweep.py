@@ -5,7 +5,8 @@ A space file (tune_spaces/*.yaml) holds a base `finetune:` config, the `grid:` t
 an MLflow child run of the sweep's parent run. Selection is on dev EM; test is evaluated once,
 for the selected trial, by the driver (trials never see test). A failed trial is reported
 (printed, and tagged on the parent run) and the sweep goes on; `--resume` continues an
-interrupted sweep from its Tune experiment state and re-runs the failed trials.
+interrupted sweep from its Tune experiment state, with the settings it started with (its
+sweep.json), and re-runs the failed trials.
 
     search: grid          Tune's default searcher over tune.grid_search: every combination
     search: optuna-grid   Optuna's GridSampler: the same combinations, through Optuna
@@ -21,6 +22,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +66,9 @@ class SweepSpace:
     sweep: SweepConfig
     finetune: dict[str, Any]  # base FinetuneConfig values
     grid: dict[str, list] = field(default_factory=dict)
+    # what load_space read: the space file's sections and the overrides, saved in sweep.json when
+    # the sweep starts, so that --resume can tell a command line's settings from the sweep's
+    started_with: dict[str, Any] | None = None
 
     def combinations(self) -> list[dict[str, Any]]:
         keys = list(self.grid)
@@ -103,7 +108,9 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SweepSpa
             raise ValueError(f"grid key {key!r} is not a finetune setting")
         if not isinstance(values, list) or not values:
             raise ValueError(f"grid.{key} must be a non-empty list, got {values!r}")
-    space = SweepSpace(SweepConfig(**sections["sweep"]), sections["finetune"], grid)
+    space = SweepSpace(SweepConfig(**sections["sweep"]), sections["finetune"], grid,
+                       started_with={"space": str(path.resolve()), "file": {k: dict(data.get(k) or {}) for k in sections},
+                                     "overrides": list(overrides or [])})
     for params in space.combinations():
         space.trial_config(params)  # raises on a bad value, before any trial starts
     return space
@@ -177,21 +184,98 @@ def _search(space: SweepSpace):
     return param_space, OptunaSearch(sampler=sampler, metric=METRIC, mode="max"), num_samples
 
 
+def resolved(space: SweepSpace) -> SweepSpace:
+    """The space as its trials run it (in directories of their own): the base finetune config
+    complete, its local paths absolute and its tracking URI fixed now."""
+    from eae_platform.tracking import tracking_uri
+
+    base = absolute_paths(finetune_config_from(space.finetune))
+    return dataclasses.replace(space, finetune={**dataclasses.asdict(base), "mlflow_uri": base.mlflow_uri or tracking_uri()})
+
+
+def state_path(sweep: SweepConfig) -> Path:
+    """The sweep's own file beside Tune's state: its parent run and the settings it started with."""
+    return Path(sweep.storage_path).resolve() / sweep.name / "sweep.json"
+
+
+def save_state(space: SweepSpace, parent_run_id: str) -> None:
+    """sweep.json of a sweep that starts: its MLflow parent run, its resolved space (what every
+    --resume continues with) and what load_space read (the space file's sections, the overrides)."""
+    path = state_path(space.sweep)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"parent_run_id": parent_run_id, "space": space.to_dict(),
+                                "started_with": space.started_with}, indent=2))
+
+
+# Settings a --resume takes from its command line, not from the saved sweep: the two that find
+# the sweep, and whether to start where no node yet holds a trial (the cluster may be another).
+RESUME_FROM_COMMAND_LINE = ("sweep.name", "sweep.storage_path", "sweep.wait_for_resources")
+
+
+def resume_space(space: SweepSpace) -> SweepSpace:
+    """The space `eae tune --resume` continues: the one the sweep started with (sweep.json), not
+    the command line's. The command line (`space`, from load_space) finds the sweep by its
+    sweep.name and sweep.storage_path; each other setting it gives, an override or a space-file
+    value changed since the start, must equal the saved one (a repeat passes): else a ValueError
+    names every one that differs. A sweep.json without a saved space resumes with the command
+    line's settings, as eae tune did before it saved them, and says so."""
+    state_file = state_path(space.sweep)
+    if not state_file.is_file():
+        raise FileNotFoundError(f"nothing to resume: {state_file} not found (run the sweep first)")
+    saved = json.loads(state_file.read_text())
+    if not isinstance(saved.get("space"), dict):
+        print(f"eae: note: {state_file} holds no saved settings: resuming with this command line's "
+              "(the space file and --set overrides the sweep started with)", file=sys.stderr, flush=True)
+        return space
+    then, before = saved["space"], saved.get("started_with")
+    ours = space.started_with or {"file": {}, "overrides": []}
+    given = {parse_override(text)[0] for text in ours["overrides"]}
+    if before:  # the space file's values that changed since the start
+        given |= {f"{section}.{key}" for section in ("sweep", "finetune", "grid")
+                  for key in set(before["file"].get(section, {})) | set(ours["file"].get(section, {}))
+                  if _plain(before["file"].get(section, {}).get(key)) != _plain(ours["file"].get(section, {}).get(key))}
+    else:
+        print(f"eae: note: sweep {space.sweep.name} was started before eae tune saved its space file: resuming with "
+              "its saved settings, checked against this command line's --set overrides only", file=sys.stderr, flush=True)
+    now = resolved(space).to_dict()
+    differ = [key for key in sorted(given - set(RESUME_FROM_COMMAND_LINE))
+              if _plain(_setting(now, key)) != _plain(_setting(then, key))]
+    if differ:
+        raise ValueError(f"sweep {space.sweep.name} was started with other settings than this command line gives: "
+                         + "; ".join(f"{key} (started with {_setting(then, key)!r}, now {_setting(now, key)!r})"
+                                     for key in differ)
+                         + ": resume without them (the sweep's saved settings are used), or start another sweep "
+                           "(--set sweep.name=...)")
+    sweep_fields = {f.name for f in dataclasses.fields(SweepConfig)}
+    sweep = SweepConfig(**{k: v for k, v in then["sweep"].items() if k in sweep_fields})
+    sweep = dataclasses.replace(sweep, **{key.partition(".")[2]: getattr(space.sweep, key.partition(".")[2])
+                                          for key in RESUME_FROM_COMMAND_LINE})
+    return SweepSpace(sweep, then["finetune"], then["grid"], started_with=before)
+
+
+def _setting(space: dict, key: str) -> Any:
+    section, _, name = key.partition(".")
+    return (space.get(section) or {}).get(name)
+
+
+def _plain(value: Any) -> Any:
+    """A value as sweep.json holds it (tuples as lists), for comparing with a saved one."""
+    return json.loads(json.dumps(value))
+
+
 def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
     """Run (or resume) the sweep; returns a summary with every trial, the selected one and its
     test EM. Raises RuntimeError when no trial finished."""
     from ray import tune
 
-    from eae_platform.tracking import Tracker, tracking_uri
+    from eae_platform.tracking import Tracker
 
     s = space.sweep
     root = Path(s.storage_path).resolve()
-    state_file = root / s.name / "sweep.json"
-    # Trials run in their own directories: local paths absolute, the tracking URI fixed now.
-    base = absolute_paths(finetune_config_from(space.finetune))
-    mlflow_uri = base.mlflow_uri or tracking_uri()
-    experiment = base.experiment
-    space = SweepSpace(space.sweep, {**dataclasses.asdict(base), "mlflow_uri": mlflow_uri}, space.grid)
+    state_file = state_path(s)
+    space = resolved(space)
+    mlflow_uri = space.finetune["mlflow_uri"]
+    experiment = space.finetune["experiment"]
     if resume:
         if not state_file.is_file():
             raise FileNotFoundError(f"nothing to resume: {state_file} not found (run the sweep first)")
@@ -202,8 +286,7 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
             raise FileExistsError(f"{root / s.name} exists: resume it with --resume, or choose another sweep.name")
         parent = Tracker(experiment, run_name=s.name, uri=mlflow_uri, tags={"eae.task": "qa-sweep"})
         parent.log_config(space.to_dict())
-        (root / s.name).mkdir(parents=True)
-        state_file.write_text(json.dumps({"parent_run_id": parent.run_id, "space": space.to_dict()}, indent=2))
+        save_state(space, parent.run_id)
 
     trainable = tune.with_resources(_trainable(space.finetune, parent.run_id, mlflow_uri, s.cpus_per_trial),
                                     {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial})

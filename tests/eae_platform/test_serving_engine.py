@@ -273,6 +273,9 @@ def test_cli_entities_add_offline(model_dir, tmp_path, capsys):
     assert main(argv) == 2  # the same title again: a clear error, no traceback
     assert "exists already" in capsys.readouterr().err
     assert json.loads((store / "added-entities.json").read_text())["titles"] == ["Ada Quill"]
+    assert main(["entities", "add", "--model", str(model_dir), "--entity-store", str(store), "--title", "Bo Reed",
+                 "--context", "Bo Reed sang."]) == 0
+    assert "added 'Bo Reed' as entity 513 from 1 mention\n" in capsys.readouterr().out  # not '1 mentions'
 
 
 def test_serve_settings_from_flags_and_the_deploy_config(model_dir, monkeypatch, tmp_path):

@@ -187,7 +187,8 @@ def entities_add_command(args: argparse.Namespace) -> int:
         except RequestError as exc:
             raise ValueError(str(exc)) from None
     for item in added:
-        print(f"added {item['title']!r} as entity {item['entity_id']} from {item['mentions']} mentions")
+        mentions = item["mentions"]
+        print(f"added {item['title']!r} as entity {item['entity_id']} from {mentions} mention{'' if mentions == 1 else 's'}")
     if not args.url:
         print(f"saved to {args.entity_store}: `eae serve --model {args.model} --entity-store {args.entity_store}` serves them")
     return 0

@@ -331,7 +331,7 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
                                      "--address", ray_cluster.get_runtime_context().gcs_address],
                                     cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
-            for name, override, asked in (("gpu", "sweep.gpus_per_trial=1", "1 CPUs and 1 GPUs"),
+            for name, override, asked in (("gpu", "sweep.gpus_per_trial=1", "1 CPU and 1 GPU"),
                                           ("cpu", "sweep.cpus_per_trial=3", "3 CPUs and 0 GPUs"))}
     try:
         for asked, job in jobs.items():
@@ -349,6 +349,11 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     assert not MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()],
                                              "attributes.run_name = 'fits'")
     check_trial_fits(SweepConfig(gpus_per_trial=1, wait_for_resources=True))  # where an autoscaler adds the node
+    for asked in ({"gpus_per_trial": 1}, {"gpus_per_trial": 2}):  # one of a unit, not '1 CPUs and 1 GPUs'
+        with pytest.raises(ValueError) as caught:
+            check_trial_fits(SweepConfig(cpus_per_trial=1, **asked))
+        assert str(caught.value).startswith(f"a trial asks for 1 CPU and {asked['gpus_per_trial']} "
+                                            f"GPU{'s' if asked['gpus_per_trial'] > 1 else ''} on one node"), caught.value
 
 
 def test_compare_names_a_sweeps_dataset(tmp_path, capsys):

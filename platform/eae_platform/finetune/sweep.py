@@ -129,12 +129,17 @@ def check_trial_fits(sweep: SweepConfig) -> None:
     nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
     if any(r.get("CPU", 0) >= sweep.cpus_per_trial and r.get("GPU", 0) >= sweep.gpus_per_trial for r in nodes):
         return
-    have = ", ".join(dict.fromkeys(f"{r.get('CPU', 0):g} CPUs and {r.get('GPU', 0):g} GPUs" for r in nodes))
-    raise ValueError(f"a trial asks for {sweep.cpus_per_trial:g} CPUs and {sweep.gpus_per_trial:g} GPUs on one node, "
+    have = ", ".join(dict.fromkeys(f"{_count(r.get('CPU', 0), 'CPU')} and {_count(r.get('GPU', 0), 'GPU')}" for r in nodes))
+    raise ValueError(f"a trial asks for {_count(sweep.cpus_per_trial, 'CPU')} and {_count(sweep.gpus_per_trial, 'GPU')} on one node, "
                      f"and no node of this Ray cluster has them (its nodes: {have}): set "
                      "sweep.cpus_per_trial and sweep.gpus_per_trial to fit (--set sweep.cpus_per_trial=1 "
                      "--set sweep.gpus_per_trial=0 on a CPU machine), or sweep.wait_for_resources=true "
                      "where an autoscaler will add such a node")
+
+
+def _count(number: float, unit: str) -> str:
+    """'1 GPU', '0 GPUs', '0.5 CPUs'."""
+    return f"{number:g} {unit}" + ("" if number == 1 else "s")
 
 
 def _trainable(base: dict[str, Any], parent_run_id: str, mlflow_uri: str, cpus: float):

@@ -474,17 +474,22 @@ EVAL_SOURCES_WITH_PATHS = ("synth", "wiki", "lama", "tacred", "openentity", "wor
 
 
 def _check_local_data(config) -> None:
-    """--data whose path is not there (an `eae data build` directory, `lama:FILE`,
-    `tacred:TRAIN,...`'s first file, `synth:DIR`, ...) is refused here, before Ray starts, as
-    _check_local_model refuses a model path: the task said so ~10 s later, after a new local
-    cluster's lines."""
+    """--data whose path is not there (an `eae data build` directory, `lama:FILE`, every file of
+    `tacred:TRAIN,DEV,TEST`, both of `synth:WORLD,DATA`, ...) is refused here, before Ray starts,
+    as _check_local_model refuses a model path: the task said so ~10 s later, after a new local
+    cluster's lines. Each path is named as the spec gives it (`tacred:TRAIN`, then `DEV`)."""
     if config.task in ("masked", "topk", "analysis") and config.data and not Path(config.data).is_dir():
         raise FileNotFoundError(f"--data {config.data}: not found (give an `eae data build` output directory)")
-    for part in config.data.split(","):
-        kind, sep, path = part.partition(":")
-        if sep and path and kind in EVAL_SOURCES_WITH_PATHS and not Path(path).exists():
-            hint = " (write a world with `eae data synth --out DIR`)" if kind == "synth" else ""
-            raise FileNotFoundError(f"--data {part}: not found{hint}")
+    if config.task in ("typing", "relations"):  # one dataset, KIND:PATH[,PATH...]: every PATH is KIND's
+        kind, sep, rest = config.data.partition(":")
+        first, *others = rest.split(",")
+        given = [(kind, first, f"{kind}:{first}"), *((kind, path, path) for path in others)] if sep else []
+    else:  # lama: probe sources, each KIND[:PATH]
+        given = [(kind, path, part) for part in config.data.split(",") for kind, _, path in [part.partition(":")]]
+    for kind, path, named in given:
+        if path and kind in EVAL_SOURCES_WITH_PATHS and not Path(path).exists():
+            hint = " (write a world with `eae data synth --out DIR`)" if named == f"synth:{path}" else ""
+            raise FileNotFoundError(f"--data {named}: not found{hint}")
 
 
 def _absolute(config):

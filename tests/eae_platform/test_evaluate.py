@@ -380,19 +380,30 @@ def test_a_task_without_its_model_or_data_names_the_flag(tmp_path, capsys):
 
 
 def test_a_data_path_that_is_not_there_is_named_as_given(tmp_path, capsys):
-    """Before the task: the data directory, a source's file or directory, and --qa-data's files
-    (the tasks said "no test shards under ...", "LAMA file ... not found", after Ray started)."""
+    """Before the task: the data directory, a source's file or directory, every file of a
+    dataset of several (its later ones were found missing only after Ray had started), and
+    --qa-data's files (the tasks said "no test shards under ...", "LAMA file ... not found",
+    after Ray started)."""
     model = ["--model", "models:/eae@pretrained", "--set", f"eval.mlflow_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    (tmp_path / "train.json").write_text("[]")
+    (tmp_path / "world").mkdir()
     for args, said in (
         (["masked", "--data", str(tmp_path / "data")], f"--data {tmp_path / 'data'}: not found (give an `eae data build`"),
         (["lama", "--data", f"geonames,lama:{tmp_path / 'P19.jsonl'}"], f"--data lama:{tmp_path / 'P19.jsonl'}: not found"),
-        (["relations", "--data", f"tacred:{tmp_path / 'train.json'},dev.json,test.json"],
-         f"--data tacred:{tmp_path / 'train.json'}: not found"),
+        (["relations", "--data", f"tacred:{tmp_path / 'nowhere.json'},dev.json,test.json"],
+         f"--data tacred:{tmp_path / 'nowhere.json'}: not found"),
+        (["relations", "--data", f"tacred:{tmp_path / 'train.json'},{tmp_path / 'dev.json'},{tmp_path / 'train.json'}"],
+         f"--data {tmp_path / 'dev.json'}: not found\n"),
+        (["relations", "--data", f"tacred:{tmp_path / 'train.json'},{tmp_path / 'train.json'},{tmp_path / 'test.json'}"],
+         f"--data {tmp_path / 'test.json'}: not found\n"),
+        (["typing", "--data", f"synth:{tmp_path / 'world'},{tmp_path / 'data'}"], f"--data {tmp_path / 'data'}: not found\n"),
+        (["typing", "--data", f"wiki:{tmp_path / 'world'},{tmp_path / 'data.noun'}"], f"--data {tmp_path / 'data.noun'}: not found\n"),
         (["topk", "--data", str(tmp_path), "--qa-data", f"synth:{tmp_path / 'world'}"],
          f"{tmp_path / 'world' / 'questions.jsonl'}: not found"),
     ):
         assert cli.main(["eval", *args, *model]) == 2, args
-        assert capsys.readouterr().err.startswith(f"eae: error: {said}"), args
+        err = capsys.readouterr().err
+        assert err.startswith(f"eae: error: {said}") and err.count("\n") == 1, (args, err)
 
 
 def test_a_qa_run_not_in_the_store_is_named_before_anything_runs(tmp_path, capsys):

@@ -307,9 +307,6 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     with pytest.raises(ValueError, match="finetune.max_steps"):
         resume_space(load_space(path, ["finetune.max_steps=40"]))
     capsys.readouterr()
-    state.write_text(json.dumps({"parent_run_id": saved["parent_run_id"]}))  # no saved settings: the command line's
-    assert resume_space(load_space(path)).finetune["max_steps"] == 20
-    assert capsys.readouterr().err.startswith(f"eae: note: {state} holds no saved settings: resuming with this command line's")
     state.unlink()
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
         resume_space(load_space(path))

@@ -222,16 +222,12 @@ def resume_space(space: SweepSpace) -> SweepSpace:
     the command line's. The command line (`space`, from load_space) finds the sweep by its
     sweep.name and sweep.storage_path; each other setting it gives, an override or a space-file
     value changed since the start, must equal the saved one (a repeat passes): else a ValueError
-    names every one that differs. A sweep.json without a saved space resumes with the command
-    line's settings, as eae tune did before it saved them, and says so."""
+    names every one that differs. A sweep started before sweep.json kept the space file and the
+    overrides resumes with its saved space, only the overrides checked, and says so."""
     state_file = state_path(space.sweep)
     if not state_file.is_file():
         raise FileNotFoundError(f"nothing to resume: {state_file} not found (run the sweep first)")
-    saved = json.loads(state_file.read_text())
-    if not isinstance(saved.get("space"), dict):
-        print(f"eae: note: {state_file} holds no saved settings: resuming with this command line's "
-              "(the space file and --set overrides the sweep started with)", file=sys.stderr, flush=True)
-        return space
+    saved = json.loads(state_file.read_text())  # every sweep.json eae tune wrote holds "space"
     then, before = saved["space"], saved.get("started_with")
     ours = space.started_with or {"file": {}, "overrides": []}
     given = {parse_override(text)[0] for text in ours["overrides"]}

@@ -36,7 +36,7 @@ from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
 from eae_platform.progress import VERBOSE_ENV, attach, innermost, relay, root_cause, save_traceback, verbose
-from eae_platform.ray_session import connect, terminated
+from eae_platform.ray_session import connect, interrupted, terminated
 from eae_platform.serving.cli import entities_add_command, serve_command
 
 # ----------------------------------------------------------------------------- shared options
@@ -732,6 +732,9 @@ def main(argv: list[str] | None = None) -> int:
         print("eae: interrupted" + (f" ({interrupt})" if str(interrupt) else ""), file=sys.stderr)
         return 130
     except SystemExit:
+        if interrupted():  # Ctrl-C inside Ray Train's fit(), whose handler exits (ray_session.noting_sigint)
+            print("eae: interrupted (SIGINT)", file=sys.stderr)
+            return 128 + signal.SIGINT
         if not terminated():
             raise
         print("eae: terminated (SIGTERM)", file=sys.stderr)

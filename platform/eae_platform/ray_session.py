@@ -87,6 +87,28 @@ def terminated() -> bool:
     return _terminated.is_set()
 
 
+# Set by Ctrl-C (SIGINT) inside Ray Train's fit(). Ray Train 2.60 answers it with its own
+# handler, installed in fit() and not chained to the one before (DataParallelTrainer.
+# _register_sigint_handler): it aborts the run (the controller kills the workers and exits) and
+# calls sys.exit(0), which, raised inside the driver's ray.get, comes out of fit() as Ray's
+# SystemExit(1): `eae pretrain` exited 1 in silence, as a failure would.
+_interrupted = threading.Event()
+
+
+def noting_sigint(handler):
+    """`handler` (a Python SIGINT handler someone else installed: Ray Train's) behind one that
+    first notes the signal, for `interrupted`."""
+    def noting(signum, frame):
+        _interrupted.set()
+        return handler(signum, frame)
+    return noting
+
+
+def interrupted() -> bool:
+    """Whether a SIGINT handler made by `noting_sigint` has run in this process."""
+    return _interrupted.is_set()
+
+
 # _STATE_API: Ray's State API clients in the workers (Ray Data's hanging-task detector, in the
 # Train workers that stream shards; Ray Train's placement-group cleaner, in every run of a
 # trainer other than `eae pretrain`'s, job._trainer_class) find the cluster on their own:

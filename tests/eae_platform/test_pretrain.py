@@ -278,10 +278,13 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
     """`eae pretrain` (as `ray job submit -- python jobs/pretrain.py` runs it) stopped mid-run by
     Ctrl-C (SIGINT, which Ray Train answers by aborting its workers and sys.exit) and, in a
     second job beside it, by `ray job stop` (SIGTERM, which Ray's driver turns into sys.exit):
-    each one's MLflow run ends KILLED, not RUNNING, and the SIGTERM one exits 143 saying so.
+    each one's MLflow run ends KILLED, not RUNNING, each exits saying so (130 and 143), and the
+    interrupted one keeps its checkpoint, which the same command resumes with the same MLflow run.
     (Side by side: one job's start-up, most of its time, overlaps the other's.)"""
     import subprocess
     import sys
+
+    from eae_platform.pretrain.job import last_checkpoint_state
 
     def start(name):
         uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
@@ -291,7 +294,9 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
                    "--num-workers", "1",
                    *(x for o in ("model.num_entities=3000", "model.max_length=128",
                                  f"train.storage_path={tmp_path / name / 'ray'}", "train.batch_size=16",
-                                 "train.cpus_per_worker=0.5", "train.log_every=4", "train.checkpoint_every=100",
+                                 "train.cpus_per_worker=0.5", "train.log_every=4",
+                                 # the Ctrl-C'd one has a checkpoint to keep (step 4) before its signal
+                                 f"train.checkpoint_every={4 if name == 'ctrl-c' else 100}",
                                  "train.eval_batches=2", f"train.mlflow_uri={uri}")
                      for x in ("--set", o))]
         (tmp_path / name).mkdir()
@@ -302,24 +307,35 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
     jobs = {signal.SIGINT: start("ctrl-c"), signal.SIGTERM: start("sigterm")}
     deadline = time.time() + 300
     waiting = dict(jobs)
-    while waiting:  # each job gets its signal once it has taken 3 steps
-        for sig, (job, _, trace, _) in list(waiting.items()):
-            if job.poll() is not None or (trace.is_file() and len(trace.read_text().splitlines()) >= 3):
+    while waiting:  # each job gets its signal once it has taken 3 steps (the Ctrl-C'd one: registered a checkpoint)
+        for sig, (job, _, trace, name) in list(waiting.items()):
+            ready = (last_checkpoint_state(str(tmp_path / name / "ray"), name) is not None if sig == signal.SIGINT
+                     else trace.is_file() and len(trace.read_text().splitlines()) >= 3)
+            if job.poll() is not None or ready:
                 job.send_signal(sig)
                 del waiting[sig]
         assert time.time() < deadline, "the pretraining never got to step 3"
         time.sleep(0.5)
-    out_of = {}
+    out_of, run_of = {}, {}
     for sig, (job, uri, _, name) in jobs.items():
         out, _ = job.communicate(timeout=120)
         out_of[sig] = out
         client = MlflowClient(uri)
         (r,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
         assert r.info.run_name == name and r.info.status == "KILLED", (sig, out[-3000:])
+        run_of[sig] = r.info.run_id
     # SIGTERM said and told by its exit status (128 + 15), as a shell tells a process it ended;
     # before, Ray's SystemExit(1) from inside ray.get: exit 1 in silence, as a failure
     job, *_ = jobs[signal.SIGTERM]
     assert job.returncode == 143 and "eae: terminated (SIGTERM)" in out_of[signal.SIGTERM], job.returncode
+    # Ctrl-C the same way (128 + 2), in one line; before, Ray Train's abort ended fit() with
+    # Ray's SystemExit(1): exit 1 in silence, as a failure
+    job, *_ = jobs[signal.SIGINT]
+    out = out_of[signal.SIGINT]
+    assert job.returncode == 130 and out.strip().splitlines()[-1] == "eae: interrupted (SIGINT)", (job.returncode, out[-3000:])
+    assert "Traceback" not in out, out[-3000:]
+    kept = last_checkpoint_state(str(tmp_path / "ctrl-c" / "ray"), "ctrl-c")  # what a relaunch resumes
+    assert kept is not None and kept[1]["step"] >= 4 and kept[1]["mlflow_run_id"] == run_of[signal.SIGINT], kept
 
 
 def _sharded_table_worker(config):

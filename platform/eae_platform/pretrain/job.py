@@ -9,6 +9,7 @@ restarts the workers from the last checkpoint up to `train.max_failures` times.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from eae_platform.pretrain.checks import check_data, gpu_note, ray_data_cpu_note
 from eae_platform.pretrain.config import PretrainConfig
 from eae_platform.pretrain.loop import MLFLOW_CLOSE_WAIT_S, train_loop_per_worker
 from eae_platform.progress import relay
+from eae_platform.ray_session import noting_sigint
 from eae_platform.tracking import Tracker, alias_version, tracking_uri
 
 
@@ -214,6 +216,13 @@ def _trainer_class(torch_trainer: type) -> type:
         def _create_default_callbacks(self):
             unused = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
             return [c for c in super()._create_default_callbacks() if not isinstance(c, unused)]
+
+        def _register_sigint_handler(self, controller):
+            # Ray Train's Ctrl-C handler (abort the run, sys.exit) ends fit() as a failure does,
+            # with Ray's SystemExit(1); Ray has no hook to tell it apart. Chained behind one that
+            # notes the signal, so that `eae` says it was interrupted and exits 130 (cli.main).
+            super()._register_sigint_handler(controller)
+            signal.signal(signal.SIGINT, noting_sigint(signal.getsignal(signal.SIGINT)))
 
     return PretrainTrainer
 

@@ -466,4 +466,4 @@ def test_serving_with_a_replica_on_each_node_survives_a_node_killed_under_load(t
             serve.wait(timeout=120)
         except subprocess.TimeoutExpired:
             serve.kill()
-    assert serve.returncode == 0 and "shutting down" in log.read_text(errors="replace"), log.read_text()[-3000:]
+    assert serve.returncode == 0 and "eae: serve stopped (SIGTERM)" in log.read_text(errors="replace"), log.read_text()[-3000:]

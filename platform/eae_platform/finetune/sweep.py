@@ -203,6 +203,14 @@ def state_path(sweep: SweepConfig) -> Path:
     return Path(sweep.storage_path).resolve() / sweep.name / "sweep.json"
 
 
+def saved_state(sweep: SweepConfig) -> dict:
+    """The sweep.json of the sweep to resume (save_state's)."""
+    path = state_path(sweep)
+    if not path.is_file():
+        raise FileNotFoundError(f"nothing to resume: {path} not found (run the sweep first)")
+    return json.loads(path.read_text())
+
+
 def save_state(space: SweepSpace, parent_run_id: str) -> None:
     """sweep.json of a sweep that starts: its MLflow parent run, its resolved space (what every
     --resume continues with) and what load_space read (the space file's sections, the overrides)."""
@@ -224,10 +232,7 @@ def resume_space(space: SweepSpace) -> SweepSpace:
     value changed since the start, must equal the saved one (a repeat passes): else a ValueError
     names every one that differs. A sweep started before sweep.json kept the space file and the
     overrides resumes with its saved space, only the overrides checked, and says so."""
-    state_file = state_path(space.sweep)
-    if not state_file.is_file():
-        raise FileNotFoundError(f"nothing to resume: {state_file} not found (run the sweep first)")
-    saved = json.loads(state_file.read_text())  # every sweep.json eae tune wrote holds "space"
+    saved = saved_state(space.sweep)  # every sweep.json eae tune wrote holds "space"
     then, before = saved["space"], saved.get("started_with")
     ours = space.started_with or {"file": {}, "overrides": []}
     given = {parse_override(text)[0] for text in ours["overrides"]}
@@ -273,15 +278,11 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
 
     s = space.sweep
     root = Path(s.storage_path).resolve()
-    state_file = state_path(s)
     space = resolved(space)
     mlflow_uri = space.finetune["mlflow_uri"]
     experiment = space.finetune["experiment"]
     if resume:
-        if not state_file.is_file():
-            raise FileNotFoundError(f"nothing to resume: {state_file} not found (run the sweep first)")
-        saved = json.loads(state_file.read_text())
-        parent = Tracker(experiment, uri=mlflow_uri, run_id=saved["parent_run_id"])
+        parent = Tracker(experiment, uri=mlflow_uri, run_id=saved_state(s)["parent_run_id"])
     else:
         if (root / s.name).exists():
             raise FileExistsError(f"{root / s.name} exists: resume it with --resume, or choose another sweep.name")

@@ -437,10 +437,10 @@ def _eval(args: argparse.Namespace) -> int:
                          "a model directory or a pretraining checkpoint")
     if config.task in ("masked", "topk") and not config.data:
         raise ValueError(f"eval {config.task} needs data: --data (eval.data), an `eae data build` output directory")
-    config = _absolute(config)
+    given, config = config, _absolute(config)
     for spec in (config.model, config.qa_model):
         _check_local_model(spec)
-    _check_local_data(config)
+    _check_local_data(given)  # each path named as the command line gave it, not made absolute
     if config.qa_data:
         check_dataset(config.qa_data)
     config.mlflow_uri = config.mlflow_uri or tracking_uri()

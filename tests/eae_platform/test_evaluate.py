@@ -406,6 +406,21 @@ def test_a_data_path_that_is_not_there_is_named_as_given(tmp_path, capsys):
         assert err.startswith(f"eae: error: {said}") and err.count("\n") == 1, (args, err)
 
 
+def test_a_relative_data_path_that_is_not_there_is_named_as_given(tmp_path, monkeypatch, capsys):
+    """docs/evaluation.md's `--data tacred:train.json,...` said "--data tacred:/abs/cwd/train.json:
+    not found": the check read the paths after they were made absolute for the Ray task."""
+    monkeypatch.chdir(tmp_path)
+    model = ["--model", "models:/eae@pretrained", "--set", f"eval.mlflow_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    for args, said in (
+        (["lama", "--data", "lama:data/TREx/P19.jsonl"], "--data lama:data/TREx/P19.jsonl: not found\n"),
+        (["relations", "--data", "tacred:train.json,dev.json,test.json"], "--data tacred:train.json: not found\n"),
+        (["lama", "--data", "geonames,synth:runs/world"], "--data synth:runs/world: not found (write a world"),
+    ):
+        assert cli.main(["eval", *args, *model]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith(f"eae: error: {said}") and err.count("\n") == 1, (args, err)
+
+
 def test_a_qa_run_not_in_the_store_is_named_before_anything_runs(tmp_path, capsys):
     """analysis/overlap's --runs are looked up by the command itself: nothing printed before the
     error (the task's lookup came after the Ray cluster's and the task's own lines)."""

@@ -296,14 +296,19 @@ class _ModelSource:
             raise ValueError(f"{model_uri!r} is not a models:/<name>@<alias> or models:/<name>/<version> URI")
         client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         ref = model_uri.removeprefix("models:/")
-        if "@" in ref:
-            name, alias = ref.split("@", 1)
-            number = client.get_model_version_by_alias(name, alias).version
-        else:
-            name, number = ref.rsplit("/", 1)
-        # where the store keeps the version's files: its source, `models:/<model id>`, is no
-        # place to download from
-        self.source, self.uri = client.get_model_version_download_uri(name, number).rstrip("/"), uri
+        try:
+            if "@" in ref:
+                name, alias = ref.split("@", 1)
+                number = client.get_model_version_by_alias(name, alias).version
+            else:
+                name, number = ref.rsplit("/", 1)
+            # where the store keeps the version's files: its source, `models:/<model id>`, is no
+            # place to download from
+            self.source, self.uri = client.get_model_version_download_uri(name, number).rstrip("/"), uri
+        except MlflowException as error:  # no such model, alias or version: bad input, one line (not the store down)
+            if error.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise
+            raise LookupError(f"{model_uri}: {error.message.rstrip('.')} in {uri}") from None
 
     def download_artifacts(self, path: str, dst_path: str) -> str:
         artifact = f"{self.source}/{path}" if path else self.source

@@ -488,3 +488,19 @@ def test_a_version_registers_without_moving_an_alias_and_the_with_block_ends_run
             raise error
         assert client.get_run(t.run_id).info.status == status
     assert client.get_run(first.run_id).info.status == "FINISHED"
+
+
+def test_a_model_uri_the_registry_does_not_hold_is_a_lookup_error_naming_it(tmp_path):
+    """`--model models:/nope@pretrained` (or a missing alias or version) said "eae: error:
+    MlflowException: Registered Model with name=nope not found" and pointed at a traceback file:
+    a LookupError, which `eae` reports as one line of bad input, even from inside its Ray task."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri, registry_uri=uri).create_registered_model("eae-held")
+    for model_uri, said in (("models:/nope@pretrained", "Registered Model with name=nope not found"),
+                            ("models:/eae-held@nope", "alias nope not found"),
+                            ("models:/eae-held/9", "version=9) not found")):
+        with pytest.raises(LookupError) as raised:
+            download_model_dir(model_uri, tmp_path / "model", uri=uri)
+        message = str(raised.value)
+        assert message.startswith(f"{model_uri}: ") and said in message and message.endswith(f" in {uri}"), message
+        assert "\n" not in message

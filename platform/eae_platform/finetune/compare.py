@@ -15,7 +15,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 # Pretraining and evaluation log dev/entity_accuracy, ...; pretraining runs made before the
 # names were unified logged dev_entity_acc, dev_token_acc, dev_ppl (the first name a run has is shown).
@@ -46,13 +48,25 @@ def find_runs(names: list[str], uri: str) -> list[RunInfo]:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from eae_platform.tracking import FAST_FAIL_ENV, _is_transient, _short
+
+    for key, value in FAST_FAIL_ENV.items():  # as a Tracker does: a dead server is said in seconds, not 8 minutes
+        os.environ.setdefault(key, value)
+    store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    if store and names and not store.is_file():  # MLflow would create an empty store there to find nothing in it
+        raise LookupError(f"{store} does not exist: no MLflow run with id or name {names[0]!r} in {uri}")
     client = MlflowClient(uri)
     out = []
     for name in names:
         try:
             run = client.get_run(name)
         except MlflowException:
-            experiments = [e.experiment_id for e in client.search_experiments()]
+            try:
+                experiments = [e.experiment_id for e in client.search_experiments()]
+            except MlflowException as error:  # the store down: one line, not MLflow's exception and a traceback file
+                if not _is_transient(error):
+                    raise
+                raise LookupError(f"cannot look up run {name!r}: tracking store {uri} unreachable ({_short(error)})") from None
             found = client.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'",
                                        order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
             if not found:

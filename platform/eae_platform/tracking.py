@@ -116,6 +116,19 @@ def tracking_uri() -> str:
     return uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+def mlflow_client(uri: str) -> MlflowClient:
+    """An MlflowClient of `uri`'s tracking store and registry. A URI of no store MLflow knows
+    (`foo://host`, a typo) is a ValueError naming it: MLflow's own exception does not unpickle,
+    and from a Ray task it came back as "UnserializableException: Failed to deserialize exception"."""
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    except UnsupportedModelRegistryStoreURIException as error:
+        schemes = ", ".join(f"{s}:" for s in error.supported_uri_schemes if s)
+        raise ValueError(f"tracking URI {uri!r}: MLflow has no store of that kind (known: {schemes} or a path)") from None
+
+
 @contextlib.contextmanager
 def _global_uris(uri: str):
     """MLflow's log_model and its registration reach the store through the global tracking and
@@ -294,7 +307,7 @@ class _ModelSource:
     def __init__(self, model_uri: str, uri: str):
         if not model_uri.startswith("models:/"):
             raise ValueError(f"{model_uri!r} is not a models:/<name>@<alias> or models:/<name>/<version> URI")
-        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client = mlflow_client(uri)
         ref = model_uri.removeprefix("models:/")
         try:
             if "@" in ref:
@@ -434,7 +447,7 @@ class Tracker:
         self.spool_dir = Path(spool_dir) if spool_dir else Path.cwd()
         self.retry_interval_s = float(retry_interval_s)
         self.close_wait_s = float(close_wait_s)
-        self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self._client = mlflow_client(self.uri)
         self._http = self.uri.startswith(("http://", "https://"))
         self._local_retries = 0 if self._http else 1  # MLflow retries HTTP itself
 

@@ -373,6 +373,8 @@ def test_compare_of_a_store_that_is_not_there_is_one_line(tmp_path, monkeypatch,
     then "MlflowException: API request ... failed" and a traceback file."""
     import mlflow.tracking
     from mlflow.exceptions import MlflowException
+
+    from eae_platform import tracking
     from tests.conftest import free_port
 
     missing = tmp_path / "nowhere" / "mlflow.db"
@@ -384,7 +386,7 @@ def test_compare_of_a_store_that_is_not_there_is_one_line(tmp_path, monkeypatch,
     seen = []
 
     class Unreachable:  # what MLflow's client raises once its retries of a refused connection are spent
-        def __init__(self, uri):
+        def __init__(self, *args, **kwargs):
             pass
 
         def get_run(self, *args):
@@ -396,6 +398,7 @@ def test_compare_of_a_store_that_is_not_there_is_one_line(tmp_path, monkeypatch,
     for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
                 "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         monkeypatch.delenv(key, raising=False)  # cli.main sets them; monkeypatch puts them back
+    monkeypatch.setattr(tracking, "MlflowClient", Unreachable)  # tracking.mlflow_client's
     monkeypatch.setattr(mlflow.tracking, "MlflowClient", Unreachable)
     dead = f"http://127.0.0.1:{free_port()}"
     assert cli.main(["compare", "qa-eae", "--mlflow-uri", dead]) == 2

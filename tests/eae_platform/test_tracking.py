@@ -504,3 +504,20 @@ def test_a_model_uri_the_registry_does_not_hold_is_a_lookup_error_naming_it(tmp_
         message = str(raised.value)
         assert message.startswith(f"{model_uri}: ") and said in message and message.endswith(f" in {uri}"), message
         assert "\n" not in message
+
+
+def test_a_tracking_uri_of_no_store_mlflow_knows_is_a_value_error_that_crosses_ray(capsys):
+    """MLFLOW_TRACKING_URI=foo://bar: MLflow's UnsupportedModelRegistryStoreURIException does not
+    unpickle, so `eae eval` (its run opened in a Ray task) said "UnserializableException: Failed
+    to deserialize exception"; `eae compare` gave MLflow's exception and a traceback file."""
+    import pickle
+
+    from eae_platform import cli
+
+    with pytest.raises(ValueError) as raised:
+        Tracker("eae-eval", uri="foo://bar")
+    said = "tracking URI 'foo://bar': MLflow has no store of that kind (known: file:, "
+    assert str(raised.value).startswith(said) and "sqlite:" in str(raised.value)
+    assert str(pickle.loads(pickle.dumps(raised.value))) == str(raised.value)  # as a Ray task's error comes back
+    assert cli.main(["compare", "qa-eae", "--mlflow-uri", "foo://bar"]) == 2
+    assert capsys.readouterr().err == f"eae: error: {raised.value}\n"

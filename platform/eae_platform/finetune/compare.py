@@ -46,16 +46,15 @@ class RunInfo:
 
 def find_runs(names: list[str], uri: str) -> list[RunInfo]:
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    from eae_platform.tracking import FAST_FAIL_ENV, _is_transient, _short
+    from eae_platform.tracking import FAST_FAIL_ENV, _is_transient, _short, mlflow_client
 
     for key, value in FAST_FAIL_ENV.items():  # as a Tracker does: a dead server is said in seconds, not 8 minutes
         os.environ.setdefault(key, value)
     store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
     if store and names and not store.is_file():  # MLflow would create an empty store there to find nothing in it
         raise LookupError(f"{store} does not exist: no MLflow run with id or name {names[0]!r} in {uri}")
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     out = []
     for name in names:
         try:

@@ -116,6 +116,12 @@ def tracking_uri() -> str:
     return uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+def unreachable(uri: str, exc: BaseException) -> str | None:
+    """"tracking store URI unreachable (...)" when `exc` is the store or the way to it failing
+    (not a request it refused), else None: a reader's one-line error, as a new run's."""
+    return f"tracking store {uri} unreachable ({_short(exc)})" if _is_transient(exc) else None
+
+
 def mlflow_client(uri: str) -> MlflowClient:
     """An MlflowClient of `uri`'s tracking store and registry. A URI of no store MLflow knows
     (`foo://host`, a typo) is a ValueError naming it: MLflow's own exception does not unpickle,

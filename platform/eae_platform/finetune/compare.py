@@ -47,7 +47,7 @@ class RunInfo:
 def find_runs(names: list[str], uri: str) -> list[RunInfo]:
     from mlflow.exceptions import MlflowException
 
-    from eae_platform.tracking import FAST_FAIL_ENV, _is_transient, _short, mlflow_client
+    from eae_platform.tracking import FAST_FAIL_ENV, mlflow_client, unreachable
 
     for key, value in FAST_FAIL_ENV.items():  # as a Tracker does: a dead server is said in seconds, not 8 minutes
         os.environ.setdefault(key, value)
@@ -63,9 +63,9 @@ def find_runs(names: list[str], uri: str) -> list[RunInfo]:
             try:
                 experiments = [e.experiment_id for e in client.search_experiments()]
             except MlflowException as error:  # the store down: one line, not MLflow's exception and a traceback file
-                if not _is_transient(error):
+                if not unreachable(uri, error):
                     raise
-                raise LookupError(f"cannot look up run {name!r}: tracking store {uri} unreachable ({_short(error)})") from None
+                raise LookupError(f"cannot look up run {name!r}: {unreachable(uri, error)}") from None
             found = client.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'",
                                        order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
             if not found:

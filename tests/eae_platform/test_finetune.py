@@ -371,10 +371,6 @@ def test_compare_of_a_store_that_is_not_there_is_one_line(tmp_path, monkeypatch,
     """`eae compare RUN --mlflow-uri` naming a SQLite file that is not there made an empty store
     (and its directories) to find nothing in; a dead server took ~8 minutes of MLflow's retries,
     then "MlflowException: API request ... failed" and a traceback file."""
-    import mlflow.tracking
-    from mlflow.exceptions import MlflowException
-
-    from eae_platform import tracking
     from tests.conftest import free_port
 
     missing = tmp_path / "nowhere" / "mlflow.db"
@@ -383,28 +379,14 @@ def test_compare_of_a_store_that_is_not_there_is_one_line(tmp_path, monkeypatch,
                                        f"'qa-eae' in sqlite:///{missing}\n")
     assert not (tmp_path / "nowhere").exists()
 
-    seen = []
-
-    class Unreachable:  # what MLflow's client raises once its retries of a refused connection are spent
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def get_run(self, *args):
-            seen.append(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES"))
-            raise MlflowException("API request to http://127.0.0.1:1/api/2.0/mlflow/runs/get failed")
-
-        search_experiments = get_run
-
     for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
                 "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.delenv(key, raising=False)  # cli.main sets them; monkeypatch puts them back
-    monkeypatch.setattr(tracking, "MlflowClient", Unreachable)  # tracking.mlflow_client's
-    monkeypatch.setattr(mlflow.tracking, "MlflowClient", Unreachable)
-    dead = f"http://127.0.0.1:{free_port()}"
+        monkeypatch.delenv(key, raising=False)  # find_runs sets them; monkeypatch puts them back
+    dead = f"http://127.0.0.1:{free_port()}"  # a real port nothing listens on (a few seconds of retries)
     assert cli.main(["compare", "qa-eae", "--mlflow-uri", dead]) == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"eae: error: cannot look up run 'qa-eae': tracking store {dead} unreachable (MlflowException")
-    assert seen and set(seen) == {"2"}, seen  # tracking.FAST_FAIL_ENV's retries, not MLflow's 7
+    assert line.startswith(f"eae: error: cannot look up run 'qa-eae': tracking store {dead} unreachable (")
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"  # tracking.FAST_FAIL_ENV's retries, not MLflow's 7
 
 
 def test_compare_prints_the_paper_tables_for_known_runs(tmp_path, capsys):

@@ -650,13 +650,24 @@ def _add_bench(commands) -> None:
 # ----------------------------------------------------------------------------- eae serve, entities
 
 
+def _port(text: str) -> int:
+    """A TCP port, 1..65535: 99999 was an OverflowError from bind() and a traceback file."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: 1 to 65535")
+    return port
+
+
 def _add_serve(commands) -> None:
     v = commands.add_parser("serve", help="serve linking and QA over HTTP with Ray Serve (local cluster unless --address)")
     v.add_argument("--model", help="models:/<name>@<alias>, an `eae pretrain --out` directory or a checkpoint")
     v.add_argument("--config", help="a Serve config (serve_apps/eae.yaml: its application's args) or a YAML of settings")
     _overrides(v, "KEY=VALUE", "override a setting, e.g. max_batch_size=32 or engine.index.kind=ivf")
     v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--port", type=_port, default=8000)
     v.add_argument("--entities", help="entities.parquet (or its `eae data build` directory) for the titles")
     v.add_argument("--entity-store", help="directory where added entities are saved and read back at start")
     v.add_argument("--replicas", type=int, help="model replicas")

@@ -317,6 +317,30 @@ def test_serve_on_a_port_in_use_is_refused_before_ray_starts(model_dir, monkeypa
     assert f"127.0.0.1:{port} is in use" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("engine.bogus=1", "eae: error: unknown engine settings: bogus (known: "),
+    ("engine.index.bogus=1", "eae: error: unknown engine.index settings: bogus (known: "),
+    ("engine=3", "eae: error: engine must be a mapping of settings (engine.KEY=VALUE), got 3"),
+    ("engine.index=3", "eae: error: engine.index must be a mapping of settings, got 3"),
+])
+def test_serve_with_an_unknown_or_malformed_nested_setting_is_one_clear_error(model_dir, setting, message, capsys):
+    """--set engine.KEY / engine.index.KEY that no setting has: a TypeError (or AttributeError)
+    and a traceback file, where an unknown top-level key was one line naming the known ones."""
+    assert main(["serve", "--model", str(model_dir), "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1 and "traceback" not in err
+
+
+@pytest.mark.parametrize("port", ["99999", "abc"])
+def test_serve_on_a_port_outside_1_to_65535_is_refused_by_the_parser(model_dir, port, capsys):
+    """--port 99999 was an OverflowError from bind() and a traceback file."""
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--model", str(model_dir), "--port", port])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "eae serve: error: argument --port: " in err and "Traceback" not in err and "traceback" not in err
+
+
 def test_a_replica_takes_a_share_of_the_cluster_s_gpus_unless_told():
     """gpus_per_replica null (the default): the cluster's GPUs shared, at most one a replica;
     on CI's GPU-less cluster the CPU path (test_serve.py's replicas run so, /readyz says cpu)."""

@@ -57,10 +57,14 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.engine, dict):
-            engine = dict(self.engine)
+            engine = _section(self.engine, EngineConfig, "engine")
             if isinstance(engine.get("index"), dict):
-                engine["index"] = IndexConfig(**engine["index"])
+                engine["index"] = IndexConfig(**_section(engine["index"], IndexConfig, "engine.index"))
+            elif "index" in engine and not isinstance(engine["index"], IndexConfig):
+                raise ValueError(f"engine.index must be a mapping of settings, got {engine['index']!r}")
             self.engine = EngineConfig(**engine)
+        elif not isinstance(self.engine, EngineConfig):
+            raise ValueError(f"engine must be a mapping of settings (engine.KEY=VALUE), got {self.engine!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model is required: models:/name@alias, a model directory or a checkpoint")
         if self.num_replicas < 1 or self.max_batch_size < 1 or self.batch_wait_timeout_s < 0:
@@ -75,6 +79,16 @@ class ServeSettings:
         if unknown:
             raise ValueError(f"unknown serve settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**args)
+
+
+def _section(values: dict[str, Any], cls, name: str) -> dict[str, Any]:
+    """A nested section's settings, its keys checked as from_args checks the top level's: an
+    unknown one was a TypeError from the dataclass and a traceback file."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown {name} settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return dict(values)
 
 
 def replica_gpus(given: float | None, cluster_gpus: float, replicas: int) -> float:

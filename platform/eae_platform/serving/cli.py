@@ -61,6 +61,8 @@ def serve_settings(args: argparse.Namespace):
     if args.no_batching:
         s["batching"] = False
     engine = s.setdefault("engine", {})
+    if not isinstance(engine, dict):  # engine.KEY below would be an AttributeError and a traceback file
+        raise ValueError(f"engine must be a mapping of settings (engine.KEY=VALUE), got {engine!r}")
     if args.entity_store:
         engine["entity_store"] = args.entity_store
     if args.index:

@@ -334,6 +334,12 @@ class _ModelSource:
         return mlflow.artifacts.download_artifacts(artifact_uri=artifact, dst_path=dst_path, tracking_uri=self.uri)
 
 
+def check_registered(model_uri: str, uri: str | None = None) -> None:
+    """A LookupError naming the URI and the store where the registry of `uri` (default
+    `tracking_uri()`) has no such model, alias or version; nothing is downloaded."""
+    _ModelSource(model_uri, uri or tracking_uri())
+
+
 def load_pyfunc(model_uri: str, uri: str | None = None, dst_path: str | Path | None = None):
     """`mlflow.pyfunc.load_model` for a `models:/name@alias` URI of the store at `uri` (default
     `tracking_uri()`), without touching MLflow's global tracking URI (mlflow.set_tracking_uri

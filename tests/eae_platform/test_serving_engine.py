@@ -291,8 +291,9 @@ def test_serve_settings_from_flags_and_the_deploy_config(model_dir, monkeypatch,
     assert s.engine.index.kind == "hnsw" and s.max_batch_size == 4 and not s.batching and s.mlflow_uri is None
     args = build_parser().parse_args(["serve", "--model", "models:/eae@pretrained"])
     assert (args.host, args.port) == ("127.0.0.1", 8000)  # this machine only, unless --host says otherwise
-    s = serve_settings(args)
-    assert s.mlflow_uri == f"sqlite:///{model_dir.parent / 'mlflow.db'}"  # resolved where the command runs
+    with pytest.raises(LookupError, match=f"models:/eae@pretrained: no MLflow store at {model_dir.parent / 'mlflow.db'}"):
+        serve_settings(args)  # resolved where the command runs, and checked there (no store: none made)
+    assert not (model_dir.parent / "mlflow.db").exists()
     with pytest.raises(ValueError, match="--model is required"):
         serve_settings(build_parser().parse_args(["serve"]))
     assert main(["serve", "--model", str(tmp_path / "missing")]) == 2  # refused before Ray starts
@@ -315,6 +316,23 @@ def test_serve_on_a_port_in_use_is_refused_before_ray_starts(model_dir, monkeypa
         port = busy.getsockname()[1]
         assert main(["serve", "--model", str(model_dir), "--port", str(port)]) == 2
     assert f"127.0.0.1:{port} is in use" in capsys.readouterr().err
+
+
+def test_serve_of_a_models_uri_the_local_store_does_not_hold_is_refused_before_ray(tmp_path, monkeypatch, capsys):
+    """models:/NAME@ALIAS that ./mlflow.db does not hold: a replica said so ~20 s after Ray had
+    started, and Ray printed a line of its own. RAY_ADDRESS names a port nothing listens on: had
+    the command gone on to Ray, it would have said that instead."""
+    from eae_platform.tracking import mlflow_client
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow_client(f"sqlite:///{tmp_path / 'mlflow.db'}").search_registered_models()  # an empty store
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    capsys.readouterr()  # MLflow's lines as it made the store
+    assert main(["serve", "--model", "models:/nope@pretrained"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eae: error: models:/nope@pretrained: Registered Model with name=nope not found in sqlite:")
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("setting, message", [

@@ -335,6 +335,20 @@ def test_serve_of_a_models_uri_the_local_store_does_not_hold_is_refused_before_r
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["entities", "serve"])
+def test_an_entity_store_that_is_a_file_is_one_clear_error(model_dir, tmp_path, monkeypatch, command, capsys):
+    """--entity-store naming a file: NotADirectoryError at the store's first read and a
+    traceback file. RAY_ADDRESS names a port nothing listens on: `eae serve` must refuse it first."""
+    store = tmp_path / "store.json"
+    store.write_text("{}")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    argv = (["entities", "add", "--title", "New Town", "--context", "New Town is a city."] if command == "entities"
+            else ["serve"])
+    assert main([*argv, "--model", str(model_dir), "--entity-store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eae: error: entity store {store}: not a directory") and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("setting, message", [
     ("engine.bogus=1", "eae: error: unknown engine settings: bogus (known: "),
     ("engine.index.bogus=1", "eae: error: unknown engine.index settings: bogus (known: "),

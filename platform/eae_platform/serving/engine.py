@@ -74,6 +74,10 @@ class EngineConfig:
             self.index = IndexConfig(**self.index)
         if self.embed_source not in EMBED_SOURCES:
             raise ValueError(f"embed_source must be one of {', '.join(EMBED_SOURCES)}")
+        if self.entity_store and Path(self.entity_store).exists() and not Path(self.entity_store).is_dir():
+            # was NotADirectoryError at the first read or write, a traceback file
+            raise ValueError(f"entity store {self.entity_store}: not a directory (a store is a directory, made "
+                             f"when missing, of {STORE_ROWS} and {STORE_JSON})")
         for name in ("max_text_chars", "max_top_k", "default_top_k", "retrieve_k", "max_spans", "max_contexts",
                      "new_entity_norm"):
             if getattr(self, name) <= 0:

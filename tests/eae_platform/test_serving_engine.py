@@ -349,6 +349,19 @@ def test_an_entity_store_that_is_a_file_is_one_clear_error(model_dir, tmp_path, 
     assert err.startswith(f"eae: error: entity store {store}: not a directory") and len(err.strip().splitlines()) == 1
 
 
+def test_serve_config_that_is_not_there_names_the_flag(tmp_path, capsys):
+    assert main(["serve", "--config", str(tmp_path / "nope.yaml"), "--set", "model=m"]) == 2
+    assert capsys.readouterr().err == f"eae: error: --config {tmp_path / 'nope.yaml'}: no such file (a Serve config such as serve_apps/eae.yaml, or a YAML of settings)\n"
+
+
+def test_serve_on_a_host_address_this_machine_lacks_is_not_said_to_be_in_use(model_dir, monkeypatch, capsys):
+    """--host of no interface here: "is in use (Cannot assign requested address)" pointed at another server."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["serve", "--model", str(model_dir), "--host", "203.0.113.7", "--port", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eae: error: cannot listen on 203.0.113.7:8000 (") and "in use" not in err
+
+
 @pytest.mark.parametrize("setting, message", [
     ("engine.bogus=1", "eae: error: unknown engine settings: bogus (known: "),
     ("engine.index.bogus=1", "eae: error: unknown engine.index settings: bogus (known: "),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -27,6 +28,9 @@ def load_settings(config: str | None, overrides: list[str]) -> dict[str, Any]:
     sections: engine.index.kind=ivf)."""
     settings: dict[str, Any] = {}
     if config:
+        if not Path(config).is_file():  # read_text's own words named neither the flag nor what it wants
+            raise FileNotFoundError(f"--config {config}: no such file (a Serve config such as serve_apps/eae.yaml, "
+                                    "or a YAML of settings)")
         data = yaml.safe_load(Path(config).read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{config}: expected a mapping at the top level")
@@ -99,6 +103,9 @@ def check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:  # e.g. an address of no interface here: not "in use"
+                raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}): give --host an address "
+                                 f"of this machine (127.0.0.1, or 0.0.0.0 for all)") from None
             raise ValueError(f"{host}:{port} is in use ({exc.strerror}): another server? give --port "
                              f"(and --host) for another address") from None
 

@@ -76,7 +76,15 @@ def write_text_atomic(text: str, path: str | Path) -> None:
 def shard_files(data_dir: str | Path, split: str) -> list[str]:
     """A split's shard files (shards/<split>/part-*.parquet) that hold rows, in name order."""
     files = sorted(str(p) for p in (Path(data_dir) / "shards" / split).glob("part-*.parquet"))
-    return [f for f in files if pq.read_metadata(f).num_rows > 0]
+    return [f for f in files if _rows(f) > 0]
+
+
+def _rows(file: str) -> int:
+    """A shard's row count; a file that is not Parquet (empty, truncated) is refused by name."""
+    try:
+        return pq.read_metadata(file).num_rows
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{file}: not a readable Parquet shard ({error}); rebuild the data: `eae data build --out` a new directory") from None
 
 
 def files_for_rank(files: list[str], seed: int, epoch: int, rank: int, world_size: int) -> list[str]:

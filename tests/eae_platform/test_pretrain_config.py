@@ -54,3 +54,29 @@ def test_a_profile_range_past_the_runs_end_is_refused():
     with pytest.raises(ValueError, match="train.profile_steps '5-9' ends after max_steps 6: no profile would be written"):
         load_pretrain_config(preset="tiny", overrides=["train.max_steps=6", "train.profile_steps=5-9"])
     load_pretrain_config(preset="tiny", overrides=["train.max_steps=6", "train.profile_steps=5-6"])
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_a_shard_that_is_not_parquet_is_named_on_the_driver(tmp_path, split):
+    """An empty or garbled shard (a disk filled mid-copy) is refused by its path, train's or dev's,
+    before any worker starts: pyarrow's own error ("Parquet file size is 0 bytes") names no file,
+    and a dev file was first read by a worker at its first evaluation."""
+    from eae_data.shards import shard_files
+    from eae_platform.pretrain.checks import check_data
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"max_length": 128}, "counts": {"entities": 10}}))
+    for s in ("train", "dev"):
+        (tmp_path / "shards" / s).mkdir(parents=True)
+        pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}),
+                       tmp_path / "shards" / s / "part-00000-0000.parquet")
+    config = load_pretrain_config(None, [f"train.data={tmp_path}", "train.batch_size=1", "train.num_workers=1",
+                                         "model.max_length=128"],
+                                  preset="tiny")
+    check_data(config)  # sound data passes
+    for content in (b"", b"not parquet"):
+        bad = tmp_path / "shards" / split / "part-00001-0000.parquet"
+        bad.write_bytes(content)
+        with pytest.raises(ValueError, match=f"{bad}: not a readable Parquet shard"):
+            shard_files(tmp_path, split)
+        with pytest.raises(ValueError, match=f"{bad}: not a readable Parquet shard"):
+            check_data(config)

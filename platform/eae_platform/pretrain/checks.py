@@ -22,6 +22,7 @@ def check_data(config: PretrainConfig) -> dict:
     files = shard_files(t.data, "train")
     if not files:
         raise ValueError(f"{t.data}: no training shards under shards/train; build the data with `eae data build`")
+    shard_files(t.data, "dev")  # a dev file that is not Parquet: named here, not by a worker at its first evaluation
     manifest = read_manifest(t.data)
     longest = manifest.get("settings", {}).get("max_length")
     if longest is not None and longest > m.max_length:

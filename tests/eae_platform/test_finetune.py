@@ -578,3 +578,24 @@ def test_grad_clip_zero_is_no_clipping_as_in_pretraining():
     assert all(torch.equal(b, p.grad) for b, p in zip(before, layer.parameters()))
     clip_gradients(layer, 1.0)  # the norm (~350) is clipped to 1
     assert abs(float(torch.cat([p.grad.flatten() for p in layer.parameters()]).norm()) - 1.0) < 1e-3
+
+
+def test_qa_data_with_no_training_question_says_so_not_that_none_resolves(tmp_path):
+    """An empty questions.jsonl, or a file whose every record is skipped, was reported as "no
+    training question ... resolves to an entity of the model's vocabulary": a vocabulary
+    mismatch, when there was no question to resolve."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    pq.write_table(pa.table({"entity_id": [0, 1], "title": ["Paris", "Lyon"], "count": [1, 1]}), vocab / "entities.parquet")
+    (tmp_path / "world").mkdir()
+    (tmp_path / "world" / "questions.jsonl").write_text("")
+    config = load_finetune_config(None, [], data=f"synth:{tmp_path / 'world'}")
+    with pytest.raises(ValueError, match="holds no training question$"):
+        QATask(config, vocab, 128)
+    (tmp_path / "wq.json").write_text(json.dumps([{"utterance": "where?", "targetValue": "(list)"}, {"url": "x"}]))
+    config = load_finetune_config(None, [], data=f"webquestions:{tmp_path / 'wq.json'},{tmp_path / 'wq.json'}")
+    with pytest.raises(ValueError, match=r"holds no training question \(4 records skipped: "):
+        QATask(config, vocab, 128)

@@ -79,6 +79,10 @@ class QATask:
             self.counts[f"data/skipped_{reason}"] = n
         for reason, n in sorted(self.encoder.skipped.items()):
             self.counts[f"data/mentions_skipped_{reason}"] = n
+        if not self.dataset.splits.get("train"):  # nothing read: not a vocabulary mismatch
+            skipped = f" ({sum(self.dataset.skipped.values()):,} records skipped: {dict(self.dataset.skipped)})" \
+                if self.dataset.skipped else ""
+            raise ValueError(f"{config.data!r} holds no training question{skipped}")
         if not self.examples["train"]:
             raise ValueError(f"no training question of {config.data!r} resolves to an entity of the model's "
                              f"vocabulary ({len(self.resolver):,} entities in {vocab_dir})")

@@ -241,7 +241,8 @@ def section_values(cls, section: str, path: str | Path | None = None, overrides:
     `<section>.key=value` overrides. Unknown override keys are errors."""
     data: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        with Path(path).open(encoding="utf-8") as f:  # a file, not its text: a YAML error names the file
+            loaded = yaml.safe_load(f) or {}
         if not isinstance(loaded, dict) or set(loaded) - {section}:
             raise ValueError(f"{path}: expected one top-level section `{section}:`")
         data = dict(loaded.get(section) or {})

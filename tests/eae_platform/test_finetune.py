@@ -599,3 +599,18 @@ def test_qa_data_with_no_training_question_says_so_not_that_none_resolves(tmp_pa
     config = load_finetune_config(None, [], data=f"webquestions:{tmp_path / 'wq.json'},{tmp_path / 'wq.json'}")
     with pytest.raises(ValueError, match=r"holds no training question \(4 records skipped: "):
         QATask(config, vocab, 128)
+
+
+def test_a_space_or_config_file_that_is_not_yaml_is_named_in_the_error(tmp_path):
+    """`eae tune --space` and `eae finetune qa --config` on a file YAML cannot read said where it
+    broke only as "<unicode string>", line 3: not which file (the space, the config or a --set)."""
+    import yaml
+
+    space = tmp_path / "space.yaml"
+    space.write_text("sweep:\n  name: x\n  max_concurrent: [2\n")
+    with pytest.raises(yaml.YAMLError, match=f'in "{space}", line 3'):
+        load_space(space)
+    config = tmp_path / "qa.yaml"
+    config.write_text("finetune:\n  lr: [3\n")
+    with pytest.raises(yaml.YAMLError, match=f'in "{config}", line 2'):
+        load_finetune_config(config)

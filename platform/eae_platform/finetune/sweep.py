@@ -87,7 +87,8 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SweepSpa
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"search space {path} not found (see tune_spaces/)")
-    data = yaml.safe_load(path.read_text()) or {}
+    with path.open(encoding="utf-8") as f:  # a file, not its text: a YAML error names the file, not "<unicode string>"
+        data = yaml.safe_load(f) or {}
     if not isinstance(data, dict) or set(data) - {"sweep", "finetune", "grid"}:
         raise ValueError(f"{path}: expected top-level sections sweep:, finetune: and grid: only")
     sections = {k: dict(data.get(k) or {}) for k in ("sweep", "finetune", "grid")}

@@ -287,3 +287,16 @@ def test_an_empty_dump_path_says_so(tmp_path, capsys):
 
     assert main(["data", "build", "--dump", "runs/vital/vital.xml", "--dump", "", "--out", str(tmp_path)]) == 2
     assert "--dump is empty (an unset shell variable?)" in capsys.readouterr().err
+
+
+def test_a_ner_model_that_is_not_installed_is_refused_before_ray(tmp_path):
+    """`eae data build --ner en_core_web_bogus` failed in the first Ray task, as a failure with a
+    traceback file ("RuntimeError: spaCy model ... is not installed"), after Ray had started."""
+    from eae_platform import cli
+
+    for bad in ("en_core_web_bogus", "no_such_pkg.sub"):
+        with pytest.raises(ValueError, match=f"ner: spaCy model {bad!r} is not installed"):
+            embedded_settings(str(tmp_path / "out"), ner=bad)
+    for fine in ("none", "auto", str(tmp_path)):  # a directory: a spaCy model's data, spaCy says if it is one
+        embedded_settings(str(tmp_path / "out"), ner=fine)
+    assert cli.main(["data", "build", "--out", str(tmp_path / "out"), "--ner", "en_core_web_bogus"]) == 2

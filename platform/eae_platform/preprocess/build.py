@@ -72,6 +72,16 @@ class BuildSettings:
         if self.dev_fraction + self.test_fraction >= 1:
             raise ValueError(f"dev-fraction + test-fraction must be < 1 (the rest is train), "
                              f"got {self.dev_fraction} + {self.test_fraction}")
+        if self.ner not in ("none", "auto") and not Path(self.ner).is_dir():  # a model's name: installed?
+            from eae_data.ner import spacy_available
+
+            try:
+                installed = spacy_available(self.ner)
+            except (ImportError, ValueError):  # find_spec of "a.b" imports a; of "" refuses
+                installed = False
+            if not installed:
+                raise ValueError(f"ner: spaCy model {self.ner!r} is not installed (--ner takes auto, none, an installed "
+                                 "spaCy model's name or its directory)")
 
     def contexts_key(self) -> str:
         """Hash of the settings that shape stage 4's output."""

@@ -311,10 +311,10 @@ class _ModelSource:
     ModelsArtifactRepository resolves aliases through the global registry URI)."""
 
     def __init__(self, model_uri: str, uri: str):
-        if not model_uri.startswith("models:/"):
+        ref = model_uri.removeprefix("models:/")
+        if not model_uri.startswith("models:/") or not ("@" in ref or "/" in ref):  # models:/eae: no alias, no version
             raise ValueError(f"{model_uri!r} is not a models:/<name>@<alias> or models:/<name>/<version> URI")
         client = mlflow_client(uri)
-        ref = model_uri.removeprefix("models:/")
         try:
             if "@" in ref:
                 name, alias = ref.split("@", 1)

@@ -504,6 +504,8 @@ def test_a_model_uri_the_registry_does_not_hold_is_a_lookup_error_naming_it(tmp_
         message = str(raised.value)
         assert message.startswith(f"{model_uri}: ") and said in message and message.endswith(f" in {uri}"), message
         assert "\n" not in message
+    with pytest.raises(ValueError, match="'models:/eae-held' is not a models:/<name>@<alias> or models:/<name>/<version"):
+        download_model_dir("models:/eae-held", tmp_path / "model", uri=uri)  # was "not enough values to unpack"
 
 
 def test_a_tracking_uri_of_no_store_mlflow_knows_is_a_value_error_that_crosses_ray(capsys):

@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+import unittest.mock
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -148,6 +149,14 @@ def _exercise_run(model_dir: Path, tmp: Path, experiment: str, model_name: str) 
     (output,) = client.get_run(run_id).outputs.model_outputs
     assert client.get_logged_model(output.model_id).experiment_id == run.info.experiment_id
     _same_files(model_dir, download_model_dir(model_uri, tmp / "downloaded"))
+    # no destination: the machine's model cache, one copy a version (each trial and each `eae
+    # eval` downloaded into a temporary directory of its own, never removed)
+    cache = tmp / "model-cache"
+    with unittest.mock.patch.dict(os.environ, {tracking.MODEL_CACHE_ENV: str(cache)}):
+        cached = download_model_dir(model_uri)
+        _same_files(model_dir, cached)
+        assert cached.is_relative_to(cache) and download_model_dir(model_uri) == cached
+        assert len(list(cache.iterdir())) == 1, list(cache.iterdir())  # one entry, no partial download left
     loaded = mlflow.pyfunc.load_model(model_uri)  # MLflow's own resolution of the URI
     wrapper = loaded.unwrap_python_model()
     _same_files(model_dir, wrapper.model_dir)

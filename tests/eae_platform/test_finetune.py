@@ -619,10 +619,10 @@ def test_a_space_or_config_file_that_is_not_yaml_is_named_in_the_error(tmp_path)
 def test_a_tie_on_dev_em_selects_the_first_trial_by_id_whatever_the_results_order():
     """Tune lists a restored sweep's results in another order: `eae tune --resume` of a finished
     synth-grid selected db6ca_00002 where the sweep had selected db6ca_00000 (all three 13.2)."""
-    from eae_platform.finetune.sweep import _best
+    from eae_platform.finetune.sweep import best_trial
 
     done = [{"trial": "t_00002", "dev_em": 0.132}, {"trial": "t_00001", "dev_em": 0.132},
             {"trial": "t_00003", "dev_em": 0.1}, {"trial": "t_00000", "dev_em": 0.132}]
-    assert _best(done)["trial"] == "t_00000"
-    assert _best(list(reversed(done)))["trial"] == "t_00000"
-    assert _best(done[:3])["trial"] == "t_00001"
+    assert best_trial(done)["trial"] == "t_00000"
+    assert best_trial(list(reversed(done)))["trial"] == "t_00000"
+    assert best_trial(done[:3])["trial"] == "t_00001"

@@ -48,13 +48,14 @@ def test_a_pretraining_prints_each_progress_line_once_and_no_ray_internals(wiki,
 
 
 def test_a_failing_pretraining_ends_with_its_cause_and_keeps_the_traceback_in_a_file(wiki, ray_cluster, tmp_path):
-    # rank 0 cannot open this tracking store: the worker fails inside Ray Train (on the session's
-    # cluster, as `--address` names one: a new local one is the test above's)
-    result = _pretrain(wiki, tmp_path, "--set", "train.mlflow_uri=nosuchscheme://nowhere",
+    # rank 0 cannot make this tracking store's directory (an OSError, not bad input's ValueError: a
+    # URI of no scheme MLflow knows is one line, exit 2): the worker fails inside Ray Train (on the
+    # session's cluster, as `--address` names one: a new local one is the test above's)
+    result = _pretrain(wiki, tmp_path, "--set", "train.mlflow_uri=sqlite:////dev/null/sub/mlflow.db",
                        "--address", ray_cluster.get_runtime_context().gcs_address)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     last = result.stderr.strip().splitlines()[-2:]
-    assert last[0].startswith("eae: error: ") and "nosuchscheme" in last[0], result.stderr
+    assert last[0].startswith("eae: error: ") and "/dev/null/sub" in last[0], result.stderr
     saved = last[1].removeprefix("(full traceback: ").split(";")[0]
     assert "Traceback" in Path(saved).read_text() and last[1].endswith("--verbose prints it)")

@@ -393,7 +393,7 @@ def _end_orphans(parent, status: str) -> None:
         print(f"could not end the sweep's unfinished trial runs {status}: {error}", flush=True)
 
 
-def _best(done: list[dict]) -> dict:
+def best_trial(done: list[dict]) -> dict:
     """The trial of highest dev EM; ties: the first by trial id (the grid's order). Not the first
     in Tune's results: after --resume they come in another order, and a finished sweep selected
     another of its tied trials (and tagged a second child eae.selected)."""
@@ -424,7 +424,7 @@ def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> 
     if not done:
         parent.close("FAILED")
         raise RuntimeError(f"no trial of sweep {s.name} finished; failures: {failed}")
-    best = _best(done)
+    best = best_trial(done)
     test = _evaluate_test(space, best, mlflow_uri)
     parent.set_tags({"eae.best_trial": best["trial"], "eae.best_run_id": best["mlflow_run_id"] or "",
                      **{f"eae.best.{k}": best[k] for k in space.grid}})

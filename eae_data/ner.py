@@ -52,6 +52,11 @@ def load_detector(model: str = DEFAULT_MODEL) -> SpacyMentionDetector:
 
 
 def spacy_available(model: str = DEFAULT_MODEL) -> bool:
+    """Whether spaCy and the model package `model` are installed (a name that is no package's,
+    "a.b" of no package a or "", is not)."""
     import importlib.util
 
-    return importlib.util.find_spec("spacy") is not None and importlib.util.find_spec(model) is not None
+    try:
+        return importlib.util.find_spec("spacy") is not None and importlib.util.find_spec(model) is not None
+    except (ImportError, ValueError):  # find_spec("a.b") imports a; find_spec("") refuses
+        return False

@@ -71,15 +71,22 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
-# Applied with os.environ.setdefault when a Tracker is created (the user's values win). MLflow's
-# defaults (7 retries, backoff factor 2, 120 s timeout) make one call to a dead server block for
-# minutes; with these a refused connection fails in ~2 s and a hung server in ~17 s.
+# Applied by fail_fast() (a Tracker's creation, `eae compare`'s lookups; the user's values win).
+# MLflow's defaults (7 retries, backoff factor 2, 120 s timeout) make one call to a dead server
+# block for minutes; with these a refused connection fails in ~2 s and a hung server in ~17 s.
 FAST_FAIL_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
 }
+
+
+def fail_fast() -> None:
+    """FAST_FAIL_ENV into this process's environment, where the user set none of them."""
+    for key, value in FAST_FAIL_ENV.items():
+        os.environ.setdefault(key, value)
+
 
 MODEL_DIR_ARTIFACT = "model_dir"  # key of the EaE model directory among the pyfunc's artifacts
 # The pyfunc's code, logged as MLflow's "model from code" (the file, not a pickled object).
@@ -104,9 +111,14 @@ def _artifact_root(uri: str) -> str | None:
     """Artifacts of a SQLite store go next to its database file. MLflow's default, `./mlruns`,
     is taken relative to the process that creates the experiment: for a Ray Train worker that
     is a temporary session directory, deleted with the cluster. Servers choose their own."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-    return None
+    store = sqlite_path(uri)
+    return (store.resolve().parent / "mlartifacts").as_uri() if store else None
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI (MLflow creates it, empty, where it is missing:
+    a reader checks it is there first), else None."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
 def tracking_uri() -> str:
@@ -367,8 +379,13 @@ def download_model_dir(model_uri: str, dst_path: str | Path | None = None, uri: 
     repo = _ModelSource(model_uri, uri)
     if dst_path is None:
         return _cached_model_dir(repo)
-    dst = Path(dst_path)
-    dst.mkdir(parents=True, exist_ok=True)
+    Path(dst_path).mkdir(parents=True, exist_ok=True)
+    return _download_model_dir(repo, Path(dst_path))
+
+
+def _download_model_dir(repo: _ModelSource, dst: Path) -> Path:
+    """The model directory of `repo`'s version, downloaded under `dst`: its MLmodel file first
+    (to a scratch directory), which says where the directory is among the artifacts."""
     with tempfile.TemporaryDirectory() as tmp:
         repo.download_artifacts("MLmodel", dst_path=tmp)
         inner = _model_dir_path_in(Path(tmp))
@@ -390,10 +407,7 @@ def _cached_model_dir(repo: _ModelSource) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            repo.download_artifacts("MLmodel", dst_path=tmp)
-            inner = _model_dir_path_in(Path(tmp))
-        local = Path(repo.download_artifacts(inner, dst_path=str(partial)))
+        local = _download_model_dir(repo, partial)
         (partial / marker.name).write_text(str(local.relative_to(partial)))
         try:
             partial.rename(entry)
@@ -492,8 +506,7 @@ class Tracker:
         close_wait_s: float = 10.0,
         open_wait_s: float = 0.0,
     ):
-        for key, value in FAST_FAIL_ENV.items():
-            os.environ.setdefault(key, value)
+        fail_fast()
         self.uri = uri or tracking_uri()
         self.experiment = experiment
         self.spool_dir = Path(spool_dir) if spool_dir else Path.cwd()

@@ -15,9 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 # Pretraining and evaluation log dev/entity_accuracy, ...; pretraining runs made before the
 # names were unified logged dev_entity_acc, dev_token_acc, dev_ppl (the first name a run has is shown).
@@ -47,11 +45,10 @@ class RunInfo:
 def find_runs(names: list[str], uri: str) -> list[RunInfo]:
     from mlflow.exceptions import MlflowException
 
-    from eae_platform.tracking import FAST_FAIL_ENV, mlflow_client, unreachable
+    from eae_platform.tracking import fail_fast, mlflow_client, sqlite_path, unreachable
 
-    for key, value in FAST_FAIL_ENV.items():  # as a Tracker does: a dead server is said in seconds, not 8 minutes
-        os.environ.setdefault(key, value)
-    store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    fail_fast()  # as a Tracker does: a dead server is said in seconds, not 8 minutes
+    store = sqlite_path(uri)
     if store and names and not store.is_file():  # MLflow would create an empty store there to find nothing in it
         raise LookupError(f"{store} does not exist: no MLflow run with id or name {names[0]!r} in {uri}")
     client = mlflow_client(uri)

@@ -75,11 +75,7 @@ class BuildSettings:
         if self.ner not in ("none", "auto") and not Path(self.ner).is_dir():  # a model's name: installed?
             from eae_data.ner import spacy_available
 
-            try:
-                installed = spacy_available(self.ner)
-            except (ImportError, ValueError):  # find_spec of "a.b" imports a; of "" refuses
-                installed = False
-            if not installed:
+            if not spacy_available(self.ner):
                 raise ValueError(f"ner: spaCy model {self.ner!r} is not installed (--ner takes auto, none, an installed "
                                  "spaCy model's name or its directory)")
 

@@ -74,16 +74,12 @@ class ServeSettings:
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "ServeSettings":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise ValueError(f"unknown serve settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(**args)
+        return cls(**_section(args, cls, "serve"))
 
 
 def _section(values: dict[str, Any], cls, name: str) -> dict[str, Any]:
-    """A nested section's settings, its keys checked as from_args checks the top level's: an
-    unknown one was a TypeError from the dataclass and a traceback file."""
+    """A section's settings (the top level's or a nested one's), its keys checked: an unknown
+    one was a TypeError from the dataclass and a traceback file."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:

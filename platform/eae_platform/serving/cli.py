@@ -84,10 +84,10 @@ def serve_settings(args: argparse.Namespace):
     if s["model"].startswith("models:/") and s["mlflow_uri"].startswith("sqlite:"):
         # a local store: a model it does not hold is refused here, not by a replica ~20 s after
         # Ray started (a server's store may be one only the cluster reaches: left to the replica)
-        from eae_platform.tracking import check_registered
+        from eae_platform.tracking import check_registered, sqlite_path
 
-        store = Path(s["mlflow_uri"].removeprefix("sqlite:///"))
-        if s["mlflow_uri"].startswith("sqlite:///") and not store.is_file():  # MLflow would make an empty one
+        store = sqlite_path(s["mlflow_uri"])
+        if store and not store.is_file():  # MLflow would make an empty one
             raise LookupError(f"{s['model']}: no MLflow store at {store} (MLFLOW_TRACKING_URI, else ./mlflow.db "
                               "of the current directory)")
         check_registered(s["model"], s["mlflow_uri"])

@@ -366,12 +366,22 @@ def load_pyfunc(model_uri: str, uri: str | None = None, dst_path: str | Path | N
 MODEL_CACHE_ENV = "EAE_MODEL_CACHE"  # where download_model_dir keeps one copy a model version
 
 
+def model_cache_dir() -> Path:
+    """$EAE_MODEL_CACHE, else the user's cache directory (`$XDG_CACHE_HOME/eae/models`, default
+    `~/.cache/eae/models`, as Hugging Face's and pip's caches): per user, since entries are made
+    readable by their owner only and a directory shared by a machine's users (the temporary
+    directory) would refuse the second user's downloads."""
+    if os.environ.get(MODEL_CACHE_ENV):
+        return Path(os.environ[MODEL_CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eae" / "models"
+
+
 def download_model_dir(model_uri: str, dst_path: str | Path | None = None, uri: str | None = None) -> Path:
     """Download the EaE model directory (`model.safetensors` + `config.json`) of a registered
     model, e.g. `models:/eae@champion`, and return its local path (under `dst_path`, else in this
     machine's model cache). Nothing but the model directory and the small MLmodel file move.
 
-    The cache ($EAE_MODEL_CACHE, default <tmp>/eae-models) holds one copy a model version, read
+    The cache (`model_cache_dir()`: $EAE_MODEL_CACHE, default ~/.cache/eae/models) holds one copy a model version, read
     only by its users: each `eae finetune qa --init models:/...`, each Tune trial and each `eae
     eval` downloaded the model into a temporary directory of its own that nothing removed (a
     sweep of 15 trials of the paper preset: 15 copies of ~1.5 GB)."""
@@ -399,7 +409,7 @@ def _cached_model_dir(repo: _ModelSource) -> Path:
     download location (with the store's URI) names it."""
     import hashlib
 
-    root = Path(os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "eae-models")
+    root = model_cache_dir()
     entry = root / hashlib.sha256(f"{repo.uri}\n{repo.source}".encode()).hexdigest()[:24]
     marker = entry / ".eae-model-dir"  # the model directory's path inside the entry
     if marker.is_file():

@@ -197,6 +197,19 @@ def test_tracking_uri_from_env_else_sqlite_in_cwd(tmp_path, monkeypatch):
     assert tracking.tracking_uri() == "http://127.0.0.1:1"
 
 
+def test_the_model_cache_is_the_users_own_unless_eae_model_cache_says(tmp_path, monkeypatch):
+    # entries are made readable by their owner only: a cache in the machine's temporary
+    # directory, shared by its users, refused the second user's downloads
+    monkeypatch.delenv(tracking.MODEL_CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tracking.model_cache_dir() == tmp_path / "xdg" / "eae" / "models"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert tracking.model_cache_dir() == tmp_path / "home" / ".cache" / "eae" / "models"
+    monkeypatch.setenv(tracking.MODEL_CACHE_ENV, str(tmp_path / "mine"))
+    assert tracking.model_cache_dir() == tmp_path / "mine"
+
+
 def test_mlflow_s_ui_binds_to_loopback_unless_told_otherwise():
     """The project starts no MLflow server; it prints and documents `mlflow ui` command lines
     (after a run, README.md). Those bind MLflow's default host, 127.0.0.1 (this machine only),

@@ -25,7 +25,7 @@ import yaml
 from eae_data.qa.examples import check_dataset
 from eae_data.synth import write_world
 from eae_data.wikidump import embedded_dump_path
-from eae_model.config import load_config
+from eae_model.config import PRESETS, load_config
 from eae_platform import evaluate, task_stop
 from eae_platform.evaluate.analysis import run_names
 from eae_platform.evaluate.config import TASKS, load_eval_config
@@ -86,7 +86,7 @@ def _model_summary(args: argparse.Namespace) -> int:
 def _add_model(commands) -> None:
     model = commands.add_parser("model", help="inspect the model").add_subparsers(dest="action", required=True)
     summary = model.add_parser("summary", help="parameter counts per component, without allocating weights")
-    summary.add_argument("--preset", help="paper, emb512, no_eae, eae_unsup, mm, small, medium or tiny (default: paper)")
+    summary.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: paper)")
     summary.add_argument("--config", help="a YAML file of EaEConfig keys (optionally under `model:`)")
     _overrides(summary, "KEY=VALUE", "override a config key")
     summary.add_argument("--json", action="store_true", help="print JSON instead of a table")

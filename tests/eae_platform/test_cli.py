@@ -33,6 +33,16 @@ def test_model_summary_table_with_yaml_and_override(tmp_path):
     assert "entity_table" in result.stdout and "16,000" in result.stdout
 
 
+def test_model_summary_help_names_every_preset():
+    """The --preset help lists the presets `eae model summary` accepts (it had left out minilm)."""
+    from eae_model.config import PRESETS
+
+    result = run("model", "summary", "--help")
+    assert result.returncode == 0, result.stderr
+    words = set(result.stdout.replace(",", " ").split())
+    assert set(PRESETS) <= words, sorted(set(PRESETS) - words)
+
+
 def test_bad_input_is_a_clear_error_not_a_traceback():
     result = run("model", "summary", "--preset", "huge")
     assert result.returncode == 2

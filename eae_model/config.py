@@ -270,7 +270,7 @@ def load_config(
         loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping at the top level")
-        data = dict(loaded.get("model", loaded))
+        data = dict(loaded.get("model", loaded) or {})  # `model:` with nothing under it: no keys
     for text in overrides or []:
         key, value = parse_override(text)
         data[key] = value

@@ -41,6 +41,14 @@ def test_yaml_then_overrides(tmp_path):
     assert EaEConfig.from_dict(c.to_dict()) == c
 
 
+def test_yaml_with_an_empty_model_section(tmp_path):
+    """`model:` with nothing under it (a pretraining file's, say) leaves the preset as it is;
+    it was a TypeError."""
+    path = tmp_path / "m.yaml"
+    path.write_text("model:\ntrain:\n  lr: 1.0e-4\n")
+    assert load_config("tiny", path=path) == load_config("tiny")
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

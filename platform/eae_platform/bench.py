@@ -62,8 +62,8 @@ def make_batch(batch: int, length: int, num_entities: int, vocab: int, device, s
     return ids.to(device), labels.to(device), mentions.to(device)
 
 
-def timed(step, steps: int, device, warmup: int = 3) -> tuple[float, float]:
-    """(seconds per step, peak GiB allocated) of `step()`."""
+def timed(step, steps: int, device, warmup: int = 3) -> tuple[float, float | None]:
+    """(seconds per step, peak GiB allocated; None off CUDA, where it is not measured) of `step()`."""
     for _ in range(warmup):  # allocator, cuBLAS handles, Triton autotuning
         step()
     if device.type == "cuda":
@@ -74,7 +74,7 @@ def timed(step, steps: int, device, warmup: int = 3) -> tuple[float, float]:
         step()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None  # NaN is no JSON value
     return (time.perf_counter() - start) / steps, peak
 
 
@@ -213,8 +213,9 @@ def bench_step(preset: str, batch: int, steps: int, impls: list[str], overrides:
             r["ratio_to_bert"] = r["ms"] / ref
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] else "-"
         ratio = f"{r['ratio_to_bert']:.2f}x" if ref else "-"
+        mem = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
         print(f"{name:>24} {r['ms']:9.1f} {r['tokens_per_s']:11,.0f} {r['model_tflop']:10.2f} {r['tflops']:8.1f} "
-              f"{mfu:>6} {r['peak_gib']:8.1f} {ratio:>8}")
+              f"{mfu:>6} {mem:>8} {ratio:>8}")
     return {"device": device_name(device), "torch": torch.__version__, "preset": preset, "batch": batch,
             "tokens": tokens, "mentions": M, "compile": compile, "results": results}
 

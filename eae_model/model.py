@@ -173,8 +173,10 @@ class EaEModel(nn.Module):
         TargetIndices when the caller has them (training: computed on the host with the batch,
         so the forward does not wait for the GPU), else computed here.
 
-        Losses are computed for what labels are given: BIO (whenever mentions are given),
-        EL for the memory and EntityPred (linked mentions), masked LM (mlm_labels)."""
+        Losses are computed only when mentions are given (training), for what labels are given:
+        BIO (models with the head), EL for the memory and EntityPred (linked mentions), masked LM
+        (mlm_labels).
+        Without mentions (inference) there is no loss; mlm_labels still give mlm_logits."""
         c = self.config
         if attention_mask is None:
             attention_mask = (input_ids != c.pad_token_id).long()

@@ -245,9 +245,10 @@ def _pretrain(args: argparse.Namespace) -> int:
         config = load_pretrain_config(args.config, overrides + fitted, preset=args.preset)
         print(f"from {config.train.data}/manifest.json: {', '.join(fitted)}")
     check_data(config)  # before importing torch and MLflow, or starting Ray: bad data is a clear error in a second
-    from eae_platform.pretrain.job import check_resume, run  # heavy: torch, MLflow (~2 s)
+    from eae_platform.pretrain.job import absolute_paths, check_resume, run  # heavy: torch, MLflow (~2 s)
 
     if args.resume:  # no checkpoint, or one of other settings: refused here, not after Ray starts (~10 s)
+        absolute_paths(config)  # as the checkpoint holds them
         check_resume(config, must_exist=True)
     connect(args.address)
     summary = run(config, resume=bool(args.resume))

@@ -103,6 +103,35 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
     assert RAY_CONNECTED not in result.stdout, result.stdout
 
 
+def test_pretrain_resume_compares_relative_paths_as_the_checkpoint_holds_them(tmp_path):
+    """A checkpoint keeps train.data and train.storage_path absolute; `--resume NAME` given the
+    same relative paths as the run that made it was refused as a change of both. Here the only
+    change is model.k_train, so the check runs (on the driver, before Ray) and names that alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eae_platform.pretrain.config import load_pretrain_config
+
+    data = tmp_path / "data"
+    (data / "shards" / "train").mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 64}, "counts": {"entities": 10}}))
+    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}), data / "shards" / "train" / "part-00000-0000.parquet")
+    saved = load_pretrain_config(None, [f"train.data={data}", f"train.storage_path={tmp_path / 'ray'}", "train.name=r1",
+                                        "train.batch_size=1", "model.max_length=64", "model.num_entities=10"], preset="tiny")
+    checkpoint = tmp_path / "ray" / "r1" / "checkpoint_2026-01-01_00-00-00.000000"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps({"step": 8, "config": saved.to_dict()}))
+    registered = {"checkpoint_dir_name": checkpoint.name, "metrics": {"step": 8}}
+    (checkpoint.parent / "checkpoint_manager_snapshot.json").write_text(json.dumps(
+        {"checkpoint_results": [registered], "latest_checkpoint_result": registered}))
+    result = subprocess.run([str(EAE), "pretrain", "--preset", "tiny", "--data", "data", "--batch-size", "1",
+                             "--set", "train.storage_path=ray", "--set", "model.k_train=5", "--resume", "r1"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and "run 'r1' has a checkpoint at step 8" in result.stderr, result.stderr
+    assert "settings: model.k_train: None -> 5. Resume" in result.stderr, result.stderr
+    assert RAY_CONNECTED not in result.stdout, result.stdout
+
+
 def test_pretrain_checks_its_init_encoder_before_starting_ray(tmp_path):
     """train.init_encoder of another shape than the model's is refused on the driver, naming
     what differs, before Ray starts."""

@@ -110,16 +110,23 @@ def name_run(config: PretrainConfig, resume: bool = False) -> None:
         print(f"resuming run {t.name} from its checkpoint at step {step}", flush=True)
 
 
+def absolute_paths(config: PretrainConfig) -> None:
+    """train.data, train.storage_path and train.out made absolute, in place: every worker reads
+    or writes them, in a directory of its own (a job's copy of the tree), and a checkpoint keeps
+    them so; a relaunch compares its settings with those (`check_resume`) only once its own are."""
+    t = config.train
+    t.data = str(Path(t.data).resolve())
+    t.storage_path = str(Path(t.storage_path).resolve())
+    if t.out:
+        t.out = str(Path(t.out).resolve())
+
+
 def run(config: PretrainConfig, resume: bool = False) -> dict:
     note = vocabulary_note(config, check_data(config))
     if note:
         print(note, flush=True)
     t = config.train
-    # Paths every worker reads or writes: absolute, so they survive a job's working dir.
-    t.data = str(Path(t.data).resolve())
-    t.storage_path = str(Path(t.storage_path).resolve())
-    if t.out:
-        t.out = str(Path(t.out).resolve())
+    absolute_paths(config)
     # Resolved here: workers run in other directories, where the default would name another store.
     t.mlflow_uri = t.mlflow_uri or tracking_uri()
     name_run(config, resume)

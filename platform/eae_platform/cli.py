@@ -386,7 +386,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     _check_init_given(config.init, "--init (finetune.init)")
     _check_local_model(config.init)
     check_dataset(config.data)
-    config.mlflow_uri = config.mlflow_uri or tracking_uri()
+    config.mlflow_uri = tracking_uri(config.mlflow_uri)
     summary = _run_in_ray_task(_finetune_in_task, config, args)
     m, c = summary["metrics"], summary["counts"]
     print(f"fine-tuned {summary['steps']} steps on {c['data/train_resolved']:,.0f} resolved training questions "
@@ -444,7 +444,7 @@ def _eval(args: argparse.Namespace) -> int:
     _check_local_data(given)  # each path named as the command line gave it, not made absolute
     if config.qa_data:
         check_dataset(config.qa_data)
-    config.mlflow_uri = config.mlflow_uri or tracking_uri()
+    config.mlflow_uri = tracking_uri(config.mlflow_uri)
     if config.task in ("analysis", "overlap"):  # a run not in the store: its name, before Ray starts
         find_runs(run_names(config), config.mlflow_uri)
 

@@ -121,11 +121,14 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
-def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI when set, else the embedded SQLite store `mlflow.db` in the working
-    directory (an absolute URI, so a later chdir does not move it)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
-    return uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+def tracking_uri(uri: str | None = None) -> str:
+    """`uri` when given, else MLFLOW_TRACKING_URI when set, else the embedded SQLite store
+    `mlflow.db` in the working directory. A SQLite store's path is made absolute: Ray Train's
+    workers and Ray tasks run in directories of their own, where a relative `sqlite:///mlflow.db`
+    named another, empty store (the worker then found no run of the driver's id)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "").strip() or "sqlite:///mlflow.db"
+    store = sqlite_path(uri)
+    return f"sqlite:///{store.absolute()}" if store else uri
 
 
 def unreachable(uri: str, exc: BaseException) -> str | None:

@@ -195,6 +195,12 @@ def test_tracking_uri_from_env_else_sqlite_in_cwd(tmp_path, monkeypatch):
     assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
     assert tracking.tracking_uri() == "http://127.0.0.1:1"
+    # a relative SQLite store, given or from the environment, made absolute: Ray's workers and
+    # tasks run in other directories, where it would name another, empty store
+    assert tracking.tracking_uri("sqlite:///runs/m.db") == f"sqlite:///{tmp_path / 'runs' / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///m.db")
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'm.db'}"
+    assert tracking.tracking_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
 
 
 def test_the_model_cache_is_the_users_own_unless_eae_model_cache_says(tmp_path, monkeypatch):

@@ -128,7 +128,7 @@ def run(config: PretrainConfig, resume: bool = False) -> dict:
     t = config.train
     absolute_paths(config)
     # Resolved here: workers run in other directories, where the default would name another store.
-    t.mlflow_uri = t.mlflow_uri or tracking_uri()
+    t.mlflow_uri = tracking_uri(t.mlflow_uri)
     name_run(config, resume)
     storage.check_writable(Path(t.storage_path) / t.name)  # before an MLflow run is opened or Ray Train started
     tracker = open_run(config)

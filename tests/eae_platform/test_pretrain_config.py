@@ -56,6 +56,13 @@ def test_a_profile_range_past_the_runs_end_is_refused():
     load_pretrain_config(preset="tiny", overrides=["train.max_steps=6", "train.profile_steps=5-6"])
 
 
+def test_register_as_without_out_is_refused():
+    """No --out, no final model directory: --register-as NAME registered nothing, silently."""
+    with pytest.raises(ValueError, match=r"register_as 'eae' needs out, the final model directory it registers \(--out DIR\)"):
+        load_pretrain_config(preset="tiny", overrides=["train.register_as=eae"])
+    load_pretrain_config(preset="tiny", overrides=["train.register_as=eae", "train.out=runs/models/eae"])
+
+
 @pytest.mark.parametrize("split", ["train", "dev"])
 def test_a_shard_that_is_not_parquet_is_named_on_the_driver(tmp_path, split):
     """An empty or garbled shard (a disk filled mid-copy) is refused by its path, train's or dev's,

@@ -174,6 +174,11 @@ class TrainConfig:
                             f"got {self.placement_strategy!r}")
         if self.grad_sync not in GRAD_SYNCS:
             problems.append(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {self.grad_sync!r}")
+        # The final model directory is what is registered: without one, the run ended with no
+        # model registered and no word of it
+        if self.register_as and not self.out:
+            problems.append(f"register_as {self.register_as!r} needs out, the final model directory it registers "
+                            "(--out DIR)")
         if self.pad_multiple < 0:
             problems.append(f"pad_multiple must be >= 0 (0: off), got {self.pad_multiple}")
         if self.prefetch_batches < 0:

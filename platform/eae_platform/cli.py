@@ -228,7 +228,7 @@ def _add_data(commands) -> None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from eae_platform.pretrain.checks import check_data, data_fitted_overrides  # pyarrow, numpy: not for --help
+    from eae_platform.pretrain.checks import check_data, check_out, data_fitted_overrides  # pyarrow, numpy: not for --help
 
     overrides = list(args.set)
     if args.resume and args.name and args.resume != args.name:
@@ -245,6 +245,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         config = load_pretrain_config(args.config, overrides + fitted, preset=args.preset)
         print(f"from {config.train.data}/manifest.json: {', '.join(fitted)}")
     check_data(config)  # before importing torch and MLflow, or starting Ray: bad data is a clear error in a second
+    check_out(config)
     from eae_platform.pretrain.job import absolute_paths, check_resume, run  # heavy: torch, MLflow (~2 s)
 
     if args.resume:  # no checkpoint, or one of other settings: refused here, not after Ray starts (~10 s)

@@ -132,6 +132,23 @@ def test_pretrain_resume_compares_relative_paths_as_the_checkpoint_holds_them(tm
     assert RAY_CONNECTED not in result.stdout, result.stdout
 
 
+def test_pretrain_checks_its_out_directory_before_starting_ray(tmp_path):
+    """An --out that cannot be a directory (here, a file's path) is refused on the driver: the
+    workers write the final model there after the last step, and the run failed there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    (data / "shards" / "train").mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 64}, "counts": {"entities": 10}}))
+    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}), data / "shards" / "train" / "part-00000-0000.parquet")
+    out = data / "manifest.json"
+    result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1", "--out", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"--out (train.out) {out}: the final model cannot be written there (File exists" in result.stderr, result.stderr
+    assert RAY_CONNECTED not in result.stdout, result.stdout
+
+
 def test_pretrain_checks_its_init_encoder_before_starting_ray(tmp_path):
     """train.init_encoder of another shape than the model's is refused on the driver, naming
     what differs, before Ray starts."""

@@ -45,6 +45,23 @@ def check_data(config: PretrainConfig) -> dict:
     return manifest
 
 
+def check_out(config: PretrainConfig) -> None:
+    """`train.out` made a directory now, and written to once: the workers write the final model
+    there after the last step, and a path that cannot be one (a file, under a file, a read-only
+    place) failed the whole run there, with Ray's traceback."""
+    out = config.train.out
+    if not out:
+        return
+    probe = Path(out) / ".eae-write-check"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"--out (train.out) {out}: the final model cannot be written there ({error.strerror}: "
+                         f"{error.filename}); give a directory that can be") from None
+
+
 def data_fitted_overrides(config: PretrainConfig, config_file: str | None, overrides: list[str]) -> list[str]:
     """`model.max_length` and `model.num_entities` set to what the data was built with (its
     contexts' longest length, its entity vocabulary), for those that neither the config file's

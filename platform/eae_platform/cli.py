@@ -247,6 +247,10 @@ def _pretrain(args: argparse.Namespace) -> int:
     check_data(config)  # before importing torch and MLflow, or starting Ray: bad data is a clear error in a second
     check_out(config)
     from eae_platform.pretrain.job import absolute_paths, check_resume, run  # heavy: torch, MLflow (~2 s)
+    from eae_platform.tracking import validate_alias
+
+    if config.train.register_as:  # refused now, not once the trained model is registered
+        validate_alias(config.train.alias)
 
     if args.resume:  # no checkpoint, or one of other settings: refused here, not after Ray starts (~10 s)
         absolute_paths(config)  # as the checkpoint holds them

@@ -264,11 +264,11 @@ def _metric_value(key: str, value: Any) -> float:
     raise TypeError(f"metric {key!r} must be a real number, got {type(value).__name__}: {value!r}")
 
 
-def _validate_alias(alias: str) -> None:
+def validate_alias(alias: str) -> None:
     """MLflow's rule for alias names (word characters and dashes, at most 255; "latest" and
     "v<N>" are reserved), checked before the registration is queued: a bad alias is the caller's
     error now, not a refusal found after an outage, at replay (MLflow checks it when the alias is
-    set, and has no public check)."""
+    set, and has no public check). `eae pretrain` checks its alias before it trains."""
     if not re.fullmatch(r"[\w-]{1,255}", alias) or alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
         raise ValueError(f"invalid model alias {alias!r}: word characters and dashes, not 'latest' or 'v<N>'")
 
@@ -707,7 +707,7 @@ class Tracker:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"invalid registered model name {name!r}")
         if alias is not None:
-            _validate_alias(alias)
+            validate_alias(alias)
         entry = {
             "type": "register_model", "model_dir": str(model_dir), "name": name, "alias": alias,
             "step": int(step), "artifact_name": artifact_name, "staged": False,

@@ -132,9 +132,10 @@ def test_pretrain_resume_compares_relative_paths_as_the_checkpoint_holds_them(tm
     assert RAY_CONNECTED not in result.stdout, result.stdout
 
 
-def test_pretrain_checks_its_out_directory_before_starting_ray(tmp_path):
-    """An --out that cannot be a directory (here, a file's path) is refused on the driver: the
-    workers write the final model there after the last step, and the run failed there."""
+def test_pretrain_checks_its_out_directory_and_alias_before_starting_ray(tmp_path):
+    """An --out that cannot be a directory (here, a file's path) and an alias MLflow refuses are
+    refused on the driver: the model is written and registered after the last step, and the run
+    failed there."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -146,6 +147,11 @@ def test_pretrain_checks_its_out_directory_before_starting_ray(tmp_path):
     result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1", "--out", str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"--out (train.out) {out}: the final model cannot be written there (File exists" in result.stderr, result.stderr
+    assert RAY_CONNECTED not in result.stdout, result.stdout
+    # an alias MLflow reserves: refused before the run, not when its trained model is registered
+    result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1", "--out", str(tmp_path / "model"),
+                 "--register-as", "m", "--set", "train.alias=latest")
+    assert result.returncode == 2 and "invalid model alias 'latest'" in result.stderr, result.stderr
     assert RAY_CONNECTED not in result.stdout, result.stdout
 
 

@@ -149,11 +149,19 @@ def innermost(error: BaseException) -> BaseException:
         error = inner
 
 
+# What Ray's memory monitor writes, deep in the message of the error it leaves (a failed health
+# check, a dead actor), when it killed workers: the one line that says why they died.
+RAY_OOM_MARK = "running low on memory"
+
+
 def root_cause(error: BaseException) -> str:
-    """`Type: message` of what failed inside the exceptions Ray wraps it in (innermost)."""
+    """`Type: message` of what failed inside the exceptions Ray wraps it in (innermost); where
+    Ray killed workers for memory, its line saying so as well (alone, "A worker health check
+    failed." said nothing of why)."""
     error = innermost(error)
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    oom = next((line for line in lines[1:] if RAY_OOM_MARK in line), None)
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ") + (f" ({oom})" if oom else "")
 
 
 def save_traceback(error: BaseException) -> str:

@@ -71,6 +71,13 @@ def test_pretrain_checks_its_data_before_starting_ray(tmp_path):
 
     result = run("pretrain", "--preset", "tiny", "--data", str(tmp_path / "missing"))
     assert result.returncode == 2 and "no manifest.json" in result.stderr and "Traceback" not in result.stderr
+    # a synthetic world (`eae data synth`) is a dump, not shards: the line says how to build them
+    (tmp_path / "world").mkdir()
+    (tmp_path / "world" / "world.xml").write_text("<mediawiki/>")
+    result = run("pretrain", "--preset", "tiny", "--data", str(tmp_path / "world"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert (f"it holds a dump (world.xml), not shards: build them with `eae data build --dump {tmp_path / 'world' / 'world.xml'}"
+            " --out DIR`, then give --data DIR") in result.stderr, result.stderr
     data = tmp_path / "data"
     (data / "shards" / "train").mkdir(parents=True)
     (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 128}, "counts": {"entities": 10}}))

@@ -18,7 +18,7 @@ def check_data(config: PretrainConfig) -> dict:
     model's positions fails only at the first batch that holds one). Returns its manifest."""
     t, m = config.train, config.model
     if not (Path(t.data) / "manifest.json").is_file():
-        raise FileNotFoundError(f"{t.data}: no manifest.json; build the data with `eae data build` (or `eae data synth`)")
+        raise FileNotFoundError(_not_built(Path(t.data)))
     files = shard_files(t.data, "train")
     if not files:
         raise ValueError(f"{t.data}: no training shards under shards/train; build the data with `eae data build`")
@@ -43,6 +43,17 @@ def check_data(config: PretrainConfig) -> dict:
             + (" or fewer workers" if t.num_workers > 1 else "")
             + (" or rebuild with a smaller --shard-rows" if len(files) < t.num_workers else ""))
     return manifest
+
+
+def _not_built(data: Path) -> str:
+    """What to run for a --data directory without shards. `eae data synth` and `eae data vital`
+    write a dump (world.xml, vital.xml), not shards: `--data runs/world` right after the quick
+    start's `eae data synth` was told to run `eae data synth`, what had made it."""
+    dumps = sorted(data.glob("*.xml")) if data.is_dir() else []
+    if dumps:
+        return (f"{data}: no manifest.json; it holds a dump ({dumps[0].name}), not shards: build them with "
+                f"`eae data build --dump {dumps[0]} --out DIR`, then give --data DIR")
+    return f"{data}: no manifest.json; build the data with `eae data build`"
 
 
 def check_out(config: PretrainConfig) -> None:

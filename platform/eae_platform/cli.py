@@ -228,7 +228,8 @@ def _add_data(commands) -> None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from eae_platform.pretrain.checks import check_data, check_out, data_fitted_overrides  # pyarrow, numpy: not for --help
+    # pyarrow, numpy: not for --help
+    from eae_platform.pretrain.checks import check_data, check_job_paths, check_out, data_fitted_overrides
 
     overrides = list(args.set)
     if args.resume and args.name and args.resume != args.name:
@@ -244,6 +245,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     if fitted:  # the model's sizes from the data, unless the config or --set gives them
         config = load_pretrain_config(args.config, overrides + fitted, preset=args.preset)
         print(f"from {config.train.data}/manifest.json: {', '.join(fitted)}")
+    check_job_paths(config)
     check_data(config)  # before importing torch and MLflow, or starting Ray: bad data is a clear error in a second
     check_out(config)
     from eae_platform.pretrain.job import absolute_paths, check_resume, run  # heavy: torch, MLflow (~2 s)

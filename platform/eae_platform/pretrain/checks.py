@@ -5,6 +5,8 @@ second."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from eae_data.shards import rows_per_rank, shard_files
@@ -71,6 +73,24 @@ def check_out(config: PretrainConfig) -> None:
     except OSError as error:
         raise ValueError(f"--out (train.out) {out}: the final model cannot be written there ({error.strerror}: "
                          f"{error.filename}); give a directory that can be") from None
+
+
+def check_job_paths(config: PretrainConfig) -> None:
+    """Inside a `ray job submit --working-dir` job, relative paths refused: the job runs in a
+    copy of the tree without what git ignores, deleted with the cluster's session, so relative
+    data named nothing there and the model, the checkpoints and a SQLite store (the default
+    `mlflow.db` too) went into that copy, printed but lost."""
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
+    if not job.get("working_dir"):
+        return
+    t = config.train
+    uri = t.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    given = {"train.data (--data)": t.data, "train.out (--out)": t.out, "train.storage_path": t.storage_path,
+             "train.mlflow_uri (else MLFLOW_TRACKING_URI)": uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None}
+    relative = [f"{key} {value}" for key, value in given.items() if value and not Path(value).is_absolute()]
+    if relative:
+        raise ValueError(f"a job runs in a copy of the tree without runs/ and mlflow.db, deleted with it: give "
+                         f"{', '.join(relative)} as absolute paths (e.g. $PWD/...)")
 
 
 def data_fitted_overrides(config: PretrainConfig, config_file: str | None, overrides: list[str]) -> list[str]:

@@ -724,6 +724,38 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
         assert row[2 + column] == gap, (label, row)
 
 
+def test_the_gap_at_the_larger_world_is_set_against_the_smaller_one_within_each_transformer(capsys):
+    """print_growth on hand-set per-seed figures: within `small`, the 20k world's EaE − No-EaE
+    on QA (seeds 0, 1: gaps 20, 22) − the 5k world's (seeds 0-2: gaps 10, 10, 7): 21 − 9 = +12,
+    unpaired (Welch): variances of the means 2/2 = 1 and 3/3 = 1, df = 2^2 / (1/1 + 1/2) = 2.67,
+    t(0.975, 2.67) = 3.42, half-width 3.42 x sqrt 2 = 4.84: [+7.2, +16.8], it grows. A world
+    with EaE alone (100k) makes no row; `medium`, one world, none either. The two points trained
+    at other steps: the row names both budgets."""
+    tables = _results_tables()
+    small, large, largest = (5000, 4), (20000, 4), (100000, 4)
+
+    def group(seeds, qa_em):
+        return {**{k: [None] * len(seeds) for k in tables.METRICS}, "seeds": seeds, "qa_em": qa_em}
+
+    groups = {(small, "small", "eae"): group([0, 1, 2], [0.30, 0.32, 0.34]),
+              (small, "small", "no_eae"): group([0, 1, 2], [0.20, 0.22, 0.27]),
+              (large, "small", "eae"): group([0, 1, 3], [0.40, 0.42, 0.90]),  # seed 3: No-EaE lacks it, left out
+              (large, "small", "no_eae"): group([0, 1], [0.20, 0.20]),
+              (largest, "small", "eae"): group([0, 1], [0.5, 0.5]),
+              (small, "medium", "eae"): group([0], [0.3]), (small, "medium", "no_eae"): group([0], [0.2])}
+    setting = {(small, "small"): {"ratio": 0.025, "steps": 6000, "batch": 128},
+               (large, "small"): {"ratio": 0.098, "steps": 12000, "batch": 128},
+               (largest, "small"): {"ratio": 0.494, "steps": 12000, "batch": 512},
+               (small, "medium"): {"ratio": 0.003, "steps": 6000, "batch": 128}}
+    tables.print_growth(groups, setting)
+    out = capsys.readouterr().out
+    rows = [r.strip(" |").split(" | ") for r in out.splitlines() if r.startswith("| small |") or r.startswith("| medium |")]
+    # the points' budgets differ: the row says so
+    assert [r[:2] for r in rows] == [["small", "5,000, facts stated 4x → 20,000, facts stated 4x (0.025 → 0.098; 6,000 x 128 → 12,000 x 128)"]], rows
+    column = 2 + [tables.METRICS[k][2] for k in tables.PAIRED].index("QA test EM")
+    assert rows[0][column] == "+12.0 [+7.2, +16.8] ✓ (seeds=2)", rows[0]
+
+
 def test_the_figures_tick_labels_do_not_overlap(tmp_path):
     """draw: the grid's points, close on the log axis (0.0009, 0.003 and 0.0037, as 5k `minilm`,
     5k `medium` and 20k `minilm`; 0.012 and 0.025), each with its value and a note under it: no two

@@ -592,7 +592,8 @@ def print_tables(cells: dict, figure: Path | None) -> dict:
     print(table(["world", "transformer", "facts / param"] + [METRICS[k][2] for k in PAIRED], rows))
     print("\n✓: EaE better, the interval excludes 0; ✗: No-EaE better, the interval excludes 0; "
           "~: the interval holds 0 (not reproduced). PPL: lower is better, so a negative gap favours EaE.\n")
-    print_growth(groups, setting)
+    print_growth({(w, z): (groups[(w, z, "eae")], groups[(w, z, "no_eae")]) for (w, z) in setting
+                  if groups.get((w, z, "eae")) and groups.get((w, z, "no_eae"))}, setting)
     print_ablations(groups)
     if figure:
         draw(setting, gaps, figure)
@@ -669,30 +670,33 @@ def welch_gap(b: list[float], a: list[float]) -> tuple[float, float, int] | None
     return diff, float(t.ppf(0.975, df)) * math.sqrt(va + vb), min(len(a), len(b))
 
 
-def print_growth(groups: dict, setting: dict) -> None:
+def print_growth(pairs: dict, setting: dict, keys: tuple = PAIRED, budgets: dict | None = None) -> None:
     """The study's question, does EaE's edge grow with the facts a transformer must hold, asked
     of the stores' points directly: within each transformer, for each world and the next larger
     one, the EaE − No-EaE gap there − the gap here, over seeds (Welch). Comparing the two points'
     intervals by eye understates what seeds say (rounds 56-58: every 20k seed above every 100k
-    seed on QA, the intervals overlapping)."""
+    seed on QA, the intervals overlapping). pairs[(world, size)] = (EaE's group, No-EaE's);
+    budgets[(world, size)] = "steps x batch" where it is not setting's (the picks' recipes)."""
+    def budget(w, z):
+        if budgets and (w, z) in budgets:
+            return budgets[(w, z)]
+        return f"{setting[(w, z)].get('steps', 0):,} x {setting[(w, z)].get('batch', 0)}"
+
     rows = []
-    for z in sorted({z for _, z in setting}):
-        points = sorted((s["ratio"], w) for (w, z2), s in setting.items() if z2 == z
-                        and groups.get((w, z, "eae")) and groups.get((w, z, "no_eae")))
+    for z in sorted({z for _, z in pairs}):
+        points = sorted((setting[(w, z)]["ratio"], w) for (w, z2) in pairs if z2 == z and (w, z) in setting)
         for (r1, w1), (r2, w2) in zip(points, points[1:]):
-            e1, e2 = groups[(w1, z, "eae")], groups[(w2, z, "eae")]
-            n1, n2 = groups[(w1, z, "no_eae")], groups[(w2, z, "no_eae")]
+            (e1, n1), (e2, n2) = pairs[(w1, z)], pairs[(w2, z)]
             cells = [gap_cell(welch_gap(gap_per_seed(e2, n2, k), gap_per_seed(e1, n1, k)), k == "masked_ppl")
-                     for k in PAIRED]
+                     for k in keys]
             label = f"{world_label(w1)} → {world_label(w2)} ({r1:.3f} → {r2:.3f}"
-            budgets = [f"{setting[(w, z)].get('steps', 0):,} x {setting[(w, z)].get('batch', 0)}" for w in (w1, w2)]
-            if budgets[0] != budgets[1]:  # the points trained at other budgets: said in the row, not compared silently
-                label += f"; {budgets[0]} → {budgets[1]}"
+            if budget(w1, z) != budget(w2, z):  # the points trained at other budgets: said in the row, not compared silently
+                label += f"; {budget(w1, z)} → {budget(w2, z)}"
             rows.append([z, label + ")"] + cells)
     if rows:
         print("### EaE − No-EaE at the larger world − at the smaller, within a transformer: difference of the mean "
               "gaps [95% Welch t-interval] (points)\n")
-        print(table(["transformer", "worlds (facts / param)"] + [METRICS[k][2] for k in PAIRED], rows))
+        print(table(["transformer", "worlds (facts / param)"] + [METRICS[k][2] for k in keys], rows))
         print("\n✓: EaE's edge larger with more facts (it grows), the interval excluding 0; ✗: smaller (it shrinks); "
               "~: the interval holds 0. The points' seeds are separate runs: unpaired. PPL: a negative difference "
               "is growth.\n")
@@ -976,6 +980,7 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
     print("\nThe pick: the best dev EM on the seeds every recipe of the model holds (on all its seeds when fewer than 3 are).\n")
     keys = ("qa_em", "qa_em_stated", "qa_em_unstated", "recall_stated", "masked_entity")
     gaps, notes = {}, {}
+    picked, budgets = {}, {}  # the pairs at the picks, for print_growth
     # EaE − EaE-unsup at the picks too (Table 2's ablation): each model at its own best QA recipe
     for other, name in (("no_eae", "No-EaE"), ("eae_unsup", "EaE-unsup")):
         rows, empty = [], []
@@ -990,6 +995,8 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
                 if i == 0 and other == "no_eae":  # the figure: the pick on the common seeds (where they suffice)
                     gaps.update({(w, z, k): gap for k, gap in pair.items() if gap})
                     notes[(w, z)] = f"{z}, table {_table_lr(re_, rn)}"
+                    picked[(w, z)] = (eae, no)
+                    budgets[(w, z)] = " / ".join(dict.fromkeys(f"{r[1]:,} x {r[3]}" for r in (re_, rn)))
                 rows.append([world_label(w), z, ratio, rule, recipe_label(re_), recipe_label(rn)]
                             + [gap_cell(pair[k]) for k in keys])
                 empty.extend(_why_empty(f"{world_label(w)}, {z} ({rule})", pair, {"EaE": eae, name: no}))
@@ -1000,6 +1007,8 @@ def print_best_recipes(ranked: dict[tuple, list], setting: dict) -> tuple[dict, 
             print(f"\n✓: EaE better, the interval excludes 0; ✗: {name} better; ~: the interval holds 0.\n")
             if empty:
                 print("".join(f"(–: {line})\n" for line in empty))
+        if other == "no_eae":
+            print_growth(picked, setting, keys, budgets)
     return gaps, notes
 
 

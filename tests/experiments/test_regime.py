@@ -725,8 +725,8 @@ def test_eae_is_paired_by_seed_with_eae_unsup_with_mm_and_with_its_top_k_reads(c
 
 
 def test_the_gap_at_the_larger_world_is_set_against_the_smaller_one_within_each_transformer(capsys):
-    """print_growth on hand-set per-seed figures: within `small`, the 20k world's EaE − No-EaE
-    on QA (seeds 0, 1: gaps 20, 22) − the 5k world's (seeds 0-2: gaps 10, 10, 7): 21 − 9 = +12,
+    """print_growth (print_tables', and print_best_recipes' at the picks) on hand-set per-seed
+    figures: within `small`, the 20k world's EaE − No-EaE on QA (seeds 0, 1: gaps 20, 22) − the 5k world's (seeds 0-2: gaps 10, 10, 7): 21 − 9 = +12,
     unpaired (Welch): variances of the means 2/2 = 1 and 3/3 = 1, df = 2^2 / (1/1 + 1/2) = 2.67,
     t(0.975, 2.67) = 3.42, half-width 3.42 x sqrt 2 = 4.84: [+7.2, +16.8], it grows. A world
     with EaE alone (100k) makes no row; `medium`, one world, none either. The two points trained
@@ -747,7 +747,9 @@ def test_the_gap_at_the_larger_world_is_set_against_the_smaller_one_within_each_
                (large, "small"): {"ratio": 0.098, "steps": 12000, "batch": 128},
                (largest, "small"): {"ratio": 0.494, "steps": 12000, "batch": 512},
                (small, "medium"): {"ratio": 0.003, "steps": 6000, "batch": 128}}
-    tables.print_growth(groups, setting)
+    pairs = {(w, z): (groups[(w, z, "eae")], groups[(w, z, "no_eae")]) for (w, z, v) in groups
+             if v == "eae" and (w, z, "no_eae") in groups}
+    tables.print_growth(pairs, setting)
     out = capsys.readouterr().out
     rows = [r.strip(" |").split(" | ") for r in out.splitlines() if r.startswith("| small |") or r.startswith("| medium |")]
     # the points' budgets differ: the row says so

@@ -426,6 +426,14 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
         f"(–: 20,000, facts stated 4x, medium (all its seeds (fewer than 3 in common)): {both})",
         "(–: 20,000, facts stated 4x, medium (all its seeds (fewer than 3 in common)): fact recall, facts pretraining read: "
         "No-EaE's picked runs have none)"], gaps
+    # the growth table at the picks: the 20k world's gaps (2, 3, 4) − the 5k world's (0, 2, 4):
+    # +1, Welch (variances of the means 1/3 and 4/3, df 2.94, t 3.22): [-3.2, +5.2]; each
+    # point's budget is its picks' (EaE's 2,000 steps and No-EaE's 6,000 at 5k), not the settings'
+    growth = tables.stdout.split("### EaE − No-EaE at the larger world")[1].split("###")[0]
+    row = next(r for r in growth.splitlines() if r.startswith("| medium |")).strip(" |").split(" | ")
+    assert row[1] == ("5,000, facts stated 4x → 20,000, facts stated 4x (0.003 → 0.013; 2,000 x 512 / 6,000 x 512 "
+                      "→ 6,000 x 512)"), row
+    assert row[2] == "+1.0 [-3.2, +5.2] ~ (seeds=3)", row
     mixed = _tables(stores[0], stores[1])
     assert mixed.returncode == 2 and "more than one recipe" in mixed.stderr, mixed.stderr
     assert f"w5000r4-medium-eae: lr 1e-3 x 2,000 (5% warmup, batch 512, file order) ({stores[0]})" in mixed.stderr, mixed.stderr

@@ -310,6 +310,11 @@ def run_sweep(space: SweepSpace, resume: bool = False) -> dict:
         )
     if not verbose():  # Tune's new output engine prints its tables even at verbose=0; its
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # legacy one honours it (Ray's switch)
+    # num_to_keep=1 makes Tune snapshot its state as each trial reports its checkpoint, and warn
+    # (3 lines, up to 5 times a default sweep) where two snapshots fall within 5 s, as trials
+    # ending together do; the state is a small file on local disk, so the warning is noise. Its
+    # threshold at 0 is Ray's own way to silence it (read when the Tuner starts its run).
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     with parent:  # an exception ends the sweep's run FAILED, an interrupt or SIGTERM KILLED
         try:
             with _sigterm_as_ctrl_c():

@@ -270,6 +270,11 @@ def load_config(
         loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping at the top level")
+        if "model" in loaded:  # a model key beside the section was read by nothing, silently
+            stray = sorted(k for k in loaded if k == "preset" or k in {f.name for f in dataclasses.fields(EaEConfig)})
+            if stray:
+                raise ValueError(f"{path}: {', '.join(stray)} at the top level beside `model:`, where nothing reads "
+                                 "them; put them under `model:`")
         data = dict(loaded.get("model", loaded) or {})  # `model:` with nothing under it: no keys
     for text in overrides or []:
         key, value = parse_override(text)

@@ -49,6 +49,15 @@ def test_yaml_with_an_empty_model_section(tmp_path):
     assert load_config("tiny", path=path) == load_config("tiny")
 
 
+def test_a_model_key_beside_the_model_section_is_refused_not_ignored(tmp_path):
+    """`entity_dim: 16` at the top level of a file with `model:` was read by nothing: the
+    model silently kept the preset's entity_dim."""
+    path = tmp_path / "m.yaml"
+    path.write_text("entity_dim: 16\nmodel:\n  num_entities: 100\ntrain:\n  lr: 1.0e-4\n")
+    with pytest.raises(ValueError, match=r"entity_dim at the top level beside `model:`"):
+        load_config("tiny", path=path)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

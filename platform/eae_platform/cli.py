@@ -248,8 +248,8 @@ def _pretrain(args: argparse.Namespace) -> int:
     check_job_paths(config)
     check_data(config)  # before importing torch and MLflow, or starting Ray: bad data is a clear error in a second
     check_out(config)
-    from eae_platform.pretrain.job import absolute_paths, check_resume, run  # heavy: torch, MLflow (~2 s)
-    from eae_platform.tracking import validate_alias
+    from eae_platform.pretrain.job import absolute_paths, check_resume, last_checkpoint_state, run  # heavy: torch, MLflow (~2 s)
+    from eae_platform.tracking import check_reachable, tracking_uri, validate_alias
 
     if config.train.register_as:  # refused now, not once the trained model is registered
         validate_alias(config.train.alias)
@@ -257,6 +257,9 @@ def _pretrain(args: argparse.Namespace) -> int:
     if args.resume:  # no checkpoint, or one of other settings: refused here, not after Ray starts (~10 s)
         absolute_paths(config)  # as the checkpoint holds them
         check_resume(config, must_exist=True)
+    t = config.train
+    if not (t.name and last_checkpoint_state(t.storage_path, t.name)):  # a new MLflow run: its store must answer
+        check_reachable(tracking_uri(t.mlflow_uri))  # (a relaunch continues its run offline, queued)
     connect(args.address)
     summary = run(config, resume=bool(args.resume))
     metrics = summary["metrics"] or {}
@@ -383,7 +386,7 @@ def _finetune_in_task(config):
 
 
 def _finetune_qa(args: argparse.Namespace) -> int:
-    from eae_platform.tracking import tracking_uri  # heavy: MLflow
+    from eae_platform.tracking import check_reachable, tracking_uri  # heavy: MLflow
 
     config = load_finetune_config(args.config, args.set, init=args.init, data=args.data, out=args.out,
                                   max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size,
@@ -394,6 +397,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     _check_local_model(config.init)
     check_dataset(config.data)
     config.mlflow_uri = tracking_uri(config.mlflow_uri)
+    check_reachable(config.mlflow_uri)  # the task's new run said so only after Ray started
     summary = _run_in_ray_task(_finetune_in_task, config, args)
     m, c = summary["metrics"], summary["counts"]
     print(f"fine-tuned {summary['steps']} steps on {c['data/train_resolved']:,.0f} resolved training questions "
@@ -433,7 +437,7 @@ def _add_finetune(commands) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from eae_platform.tracking import tracking_uri  # heavy: MLflow
+    from eae_platform.tracking import check_reachable, tracking_uri  # heavy: MLflow
 
     config = load_eval_config(args.config, args.set, task=args.task, model=args.model, data=args.data,
                               split=args.split, qa_model=args.qa_model, qa_data=args.qa_data, runs=args.runs,
@@ -454,6 +458,7 @@ def _eval(args: argparse.Namespace) -> int:
     config.mlflow_uri = tracking_uri(config.mlflow_uri)
     if config.task in ("analysis", "overlap"):  # a run not in the store: its name, before Ray starts
         find_runs(run_names(config), config.mlflow_uri)
+    check_reachable(config.mlflow_uri)  # the task's new run said so only after Ray started
 
     def evaluation(config):
         summary = evaluate.run(config)
@@ -554,6 +559,10 @@ def _tune(args: argparse.Namespace) -> int:
         _check_init_given(init, "--set finetune.init=MODEL (or the space's finetune.init)")
         _check_local_model(init)
         check_dataset(data)
+    if not args.resume:  # the sweep's new parent run said so only after Ray started (a resumed one queues offline)
+        from eae_platform.tracking import check_reachable, tracking_uri  # heavy: MLflow
+
+        check_reachable(tracking_uri(space.finetune.get("mlflow_uri")))
     connect(args.address)
     check_trial_fits(space.sweep)
     try:

@@ -137,6 +137,24 @@ def unreachable(uri: str, exc: BaseException) -> str | None:
     return f"tracking store {uri} unreachable ({_short(exc)})" if _is_transient(exc) else None
 
 
+def check_reachable(uri: str) -> None:
+    """Before a command starts Ray to open a new run: a LookupError (`eae` exits 2) with one
+    line when `uri` is a tracking server that does not answer, as `eae compare` says it. A new
+    run's Tracker said it only after the local Ray cluster had started (~10-20 s), behind two
+    urllib3 retry warnings that Ray's logging set-up prints. Only http(s) URIs are asked (one
+    request, under fail_fast's retries: a refused port in ~3 s): a SQLite store is a local file,
+    and asking it would only add its start-up to every command."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    fail_fast()
+    try:
+        mlflow_client(uri).search_experiments(max_results=1)
+    except Exception as error:  # noqa: BLE001 - a refusal other than the store being away is the run's to report
+        reason = unreachable(uri, error)
+        if reason:
+            raise LookupError(f"cannot create an MLflow run: {reason}") from None
+
+
 def mlflow_client(uri: str) -> MlflowClient:
     """An MlflowClient of `uri`'s tracking store and registry. A URI of no store MLflow knows
     (`foo://host`, a typo) is a ValueError naming it: MLflow's own exception does not unpickle,

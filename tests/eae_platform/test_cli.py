@@ -341,3 +341,50 @@ def test_a_ray_tasks_value_error_is_its_cause_not_the_remote_traceback(monkeypat
     err = capsys.readouterr().err
     assert "eae: error: ValueError: range() arg 3 must not be zero" in err, err
     assert "Traceback" not in err and "full traceback:" in err, err
+
+
+def tiny_data(root: Path) -> Path:
+    """An `eae data build`-shaped directory of one training context, enough for the driver's checks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = root / "data"
+    (data / "shards" / "train").mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 64}, "counts": {"entities": 10}}))
+    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}), data / "shards" / "train" / "part-00000-0000.parquet")
+    return data
+
+
+def test_a_dead_tracking_server_is_said_before_ray_starts(tmp_path):
+    """MLFLOW_TRACKING_URI naming a server that does not answer (a real port nobody listens on):
+    every command that opens a new MLflow run says so in one line, exit 2, before Ray starts, as
+    `eae compare` does; pretrain had printed urllib3's retry warnings and failed after Ray started."""
+    from eae_data.synth import write_world
+    from tests.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    write_world(tmp_path / "world", 50, 0, 1)
+    data, space = tiny_data(tmp_path), Path(__file__).resolve().parents[2] / "tune_spaces" / "synth.yaml"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": dead, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}  # a user's value wins: no retries
+    for args in (("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1",
+                  "--set", f"train.storage_path={tmp_path / 'ray'}"),
+                 ("finetune", "qa", "--init", "models:/eae@pretrained", "--data", f"synth:{tmp_path / 'world'}"),
+                 ("eval", "masked", "--model", "models:/eae@pretrained", "--data", str(data)),
+                 ("tune", "--space", str(space), "--set", "finetune.init=models:/eae@pretrained",
+                  "--set", f"finetune.data=synth:{tmp_path / 'world'}", "--set", f"sweep.storage_path={tmp_path / 'tune'}")):
+        result = subprocess.run([str(EAE), *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.stderr.startswith(f"eae: error: cannot create an MLflow run: tracking store {dead} unreachable"), \
+            (args, result.stderr)
+        assert len(result.stderr.splitlines()) == 1 and "Retrying" not in result.stderr, (args, result.stderr)
+        assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
+
+
+def test_a_sqlite_store_is_not_asked_before_a_run():
+    """check_reachable asks only a tracking server: a SQLite store (the default) is a local file,
+    and asking it would add its start-up to every command. Nothing is created where it points."""
+    from eae_platform.tracking import check_reachable
+
+    missing = Path("/nonexistent-dir-of-eae-tests/mlflow.db")
+    check_reachable(f"sqlite:///{missing}")
+    assert not missing.parent.exists()

@@ -229,7 +229,7 @@ def _add_data(commands) -> None:
 
 def _pretrain(args: argparse.Namespace) -> int:
     # pyarrow, numpy: not for --help
-    from eae_platform.pretrain.checks import check_data, check_job_paths, check_out, data_fitted_overrides
+    from eae_platform.pretrain.checks import check_data, check_job_paths, check_out, check_storage, data_fitted_overrides
 
     overrides = list(args.set)
     if args.resume and args.name and args.resume != args.name:
@@ -248,6 +248,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     check_job_paths(config)
     check_data(config)  # before importing torch and MLflow, or starting Ray: bad data is a clear error in a second
     check_out(config)
+    check_storage(config)  # the checkpoints' place, named, not a bare OSError after Ray starts
     from eae_platform.pretrain.job import absolute_paths, check_resume, last_checkpoint_state, run  # heavy: torch, MLflow (~2 s)
     from eae_platform.tracking import check_reachable, tracking_uri, validate_alias
 

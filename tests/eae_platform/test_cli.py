@@ -388,3 +388,17 @@ def test_a_sqlite_store_is_not_asked_before_a_run():
     missing = Path("/nonexistent-dir-of-eae-tests/mlflow.db")
     check_reachable(f"sqlite:///{missing}")
     assert not missing.parent.exists()
+
+
+def test_pretrain_checks_its_checkpoint_storage_before_starting_ray(tmp_path):
+    """A train.storage_path that cannot be a directory (under /proc; under a file) is refused on
+    the driver, the setting named: it was a bare `[Errno 2] ...` after Ray had started."""
+    data = tiny_data(tmp_path)
+    for storage, why in (("/proc/nope", "No such file or directory: /proc/nope"),
+                         (str(data / "manifest.json" / "ray"), f"Not a directory: {data / 'manifest.json' / 'ray'}")):
+        result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1",
+                     "--set", f"train.storage_path={storage}")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr == (f"eae: error: train.storage_path {storage}: checkpoints cannot be written there "
+                                 f"({why}); give a directory that can be\n"), result.stderr
+        assert RAY_CONNECTED not in result.stdout, result.stdout

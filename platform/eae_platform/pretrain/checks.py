@@ -12,6 +12,7 @@ from pathlib import Path
 from eae_data.shards import rows_per_rank, shard_files
 from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain.config import PretrainConfig
+from eae_platform.pretrain.storage import check_writable
 
 
 def check_data(config: PretrainConfig) -> dict:
@@ -73,6 +74,20 @@ def check_out(config: PretrainConfig) -> None:
     except OSError as error:
         raise ValueError(f"--out (train.out) {out}: the final model cannot be written there ({error.strerror}: "
                          f"{error.filename}); give a directory that can be") from None
+
+
+def check_storage(config: PretrainConfig) -> None:
+    """`train.storage_path` (the run's directory under it, when the run is named) made and
+    written to now, as job.run does again before Ray Train starts: a path that cannot be a
+    directory (under /proc, under a file) was a bare `[Errno 2] No such file or directory` after
+    the local Ray cluster had started. A storage that refuses writes (read-only, permissions)
+    stays check_writable's CheckpointStorageError, its own paragraph."""
+    t = config.train
+    try:
+        check_writable(Path(t.storage_path) / t.name if t.name else Path(t.storage_path))
+    except OSError as error:
+        raise ValueError(f"train.storage_path {t.storage_path}: checkpoints cannot be written there "
+                         f"({error.strerror}: {error.filename}); give a directory that can be") from None
 
 
 def check_job_paths(config: PretrainConfig) -> None:

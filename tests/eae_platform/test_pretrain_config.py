@@ -87,3 +87,17 @@ def test_a_shard_that_is_not_parquet_is_named_on_the_driver(tmp_path, split):
             shard_files(tmp_path, split)
         with pytest.raises(ValueError, match=f"{bad}: not a readable Parquet shard"):
             check_data(config)
+
+
+def test_a_misspelled_section_is_named_not_answered_with_trains_keys():
+    """`--set modle.x=1` was told its override "must be model.<key> or train.<key> (one of" and
+    train's 60-odd keys, as if the key were wrong: now the unknown section and the sections."""
+    result = subprocess.run([str(EAE), "pretrain", "--preset", "tiny", "--set", "modle.x=1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("eae: error: override 'modle.x': unknown section 'modle'; the sections are model and "
+                             "train (model.<key>, train.<key>)\n"), result.stderr
+    with pytest.raises(ValueError, match=r"override 'train.lrr': train has no key 'lrr' \(its keys: .*\blr\b"):
+        load_pretrain_config(preset="tiny", overrides=["train.lrr=1"])
+    with pytest.raises(ValueError, match="override 'train' names no key: model.<key> or train.<key>"):
+        load_pretrain_config(preset="tiny", overrides=["train=1"])

@@ -230,8 +230,13 @@ def load_pretrain_config(
             model[name] = value
         elif section == "train" and name in known:
             train[name] = value
+        elif section not in ("model", "train"):  # `modle.x`: the section named, not train's keys listed
+            raise ValueError(f"override {key!r}: unknown section {section!r}; the sections are model and train "
+                             "(model.<key>, train.<key>)")
+        elif not name:
+            raise ValueError(f"override {key!r} names no key: model.<key> or train.<key>")
         else:
-            raise ValueError(f"override {key!r} must be model.<key> or train.<key> (one of {', '.join(sorted(known))})")
+            raise ValueError(f"override {key!r}: train has no key {name!r} (its keys: {', '.join(sorted(known))})")
     if "batch_size" not in train and (preset or model.get("preset")) in PRESET_BATCH_SIZE:
         train["batch_size"] = PRESET_BATCH_SIZE[preset or model["preset"]]
     return PretrainConfig(config_from_values(preset, model), TrainConfig(**coerce_fields(TrainConfig, train)))

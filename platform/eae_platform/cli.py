@@ -250,10 +250,9 @@ def _pretrain(args: argparse.Namespace) -> int:
     check_out(config)
     check_storage(config)  # the checkpoints' place, named, not a bare OSError after Ray starts
     from eae_platform.pretrain.job import absolute_paths, check_resume, last_checkpoint_state, run  # heavy: torch, MLflow (~2 s)
-    from eae_platform.tracking import check_reachable, tracking_uri, validate_alias
+    from eae_platform.tracking import check_reachable, tracking_uri
 
-    if config.train.register_as:  # refused now, not once the trained model is registered
-        validate_alias(config.train.alias)
+    _check_registration(config.train.register_as, config.train.alias)
 
     if args.resume:  # no checkpoint, or one of other settings: refused here, not after Ray starts (~10 s)
         absolute_paths(config)  # as the checkpoint holds them
@@ -278,6 +277,16 @@ def _pretrain(args: argparse.Namespace) -> int:
         _print_registered(summary)
         print(f"open the UI: .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']} --host 127.0.0.1 --port 5000")
     return 0
+
+
+def _check_registration(name: str | None, alias: str) -> None:
+    """A name or alias MLflow refuses (`latest`, `v3`, `a/b`), refused before Ray starts: the
+    model is registered after training, and the run (a sweep: after every trial) failed only there."""
+    from eae_platform.tracking import validate_alias, validate_model_name  # heavy: MLflow
+
+    if name:
+        validate_model_name(name)
+        validate_alias(alias)
 
 
 def _print_registered(summary: dict) -> None:
@@ -396,6 +405,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     config = absolute_paths(config)
     _check_init_given(config.init, "--init (finetune.init)")
     _check_local_model(config.init)
+    _check_registration(config.register_as, config.alias)
     check_dataset(config.data)
     config.mlflow_uri = tracking_uri(config.mlflow_uri)
     check_reachable(config.mlflow_uri)  # the task's new run said so only after Ray started
@@ -555,7 +565,9 @@ def _tune(args: argparse.Namespace) -> int:
     space = load_space(args.space, args.set + ([f"finetune.register_as={args.register_as}"] if args.register_as else []))
     if args.resume:  # the settings the sweep started with (sweep.json), this command line's checked against them
         space = resume_space(space)
-    trials = (absolute_paths(space.trial_config(params)) for params in space.combinations())
+    trials = [absolute_paths(space.trial_config(params)) for params in space.combinations()]
+    for name, alias in dict.fromkeys((t.register_as, t.alias) for t in trials):  # the selected trial's, after them all
+        _check_registration(name, alias)
     for init, data in dict.fromkeys((t.init, t.data) for t in trials):  # each once, here before Ray starts
         _check_init_given(init, "--set finetune.init=MODEL (or the space's finetune.init)")
         _check_local_model(init)

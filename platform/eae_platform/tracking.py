@@ -291,6 +291,15 @@ def validate_alias(alias: str) -> None:
         raise ValueError(f"invalid model alias {alias!r}: word characters and dashes, not 'latest' or 'v<N>'")
 
 
+def validate_model_name(name: str) -> None:
+    """MLflow's rule for registered model names (mlflow.utils.validation._validate_model_name:
+    not blank, no '/' or ':', not '.' nor starting '..'), checked before anything trains: MLflow
+    refuses such a name only when the trained model is registered, after the run."""
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/:") or name == "." \
+            or name.startswith(".."):
+        raise ValueError(f"invalid registered model name {name!r}: not blank, no '/' or ':', not '.' or '..'")
+
+
 def _stage(source: Path, target: Path) -> None:
     """Copy a file or tree to `target` with hard links where possible (cheap, and immune to the
     source being deleted), else plain copies."""
@@ -722,8 +731,7 @@ class Tracker:
         for file in (WEIGHTS, CONFIG):
             if not (model_dir / file).is_file():
                 raise FileNotFoundError(f"{model_dir / file} not found: not a saved EaE model directory")
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"invalid registered model name {name!r}")
+        validate_model_name(name)
         if alias is not None:
             validate_alias(alias)
         entry = {

@@ -402,3 +402,27 @@ def test_pretrain_checks_its_checkpoint_storage_before_starting_ray(tmp_path):
         assert result.stderr == (f"eae: error: train.storage_path {storage}: checkpoints cannot be written there "
                                  f"({why}); give a directory that can be\n"), result.stderr
         assert RAY_CONNECTED not in result.stdout, result.stdout
+
+
+def test_finetune_and_tune_check_the_registration_before_starting_ray(tmp_path):
+    """An alias MLflow reserves (`latest`, `v3`) or a model name it refuses (`a/b`) is refused on
+    the driver: the fine-tuned model (a sweep's selected one) is registered after training, and
+    the command failed only then, its training lost."""
+    from eae_data.synth import write_world
+
+    write_world(tmp_path / "world", 50, 0, 1)
+    space = Path(__file__).resolve().parents[2] / "tune_spaces" / "synth.yaml"
+    qa = ("finetune", "qa", "--init", "models:/eae@pretrained", "--data", f"synth:{tmp_path / 'world'}")
+    tune = ("tune", "--space", str(space), "--set", "finetune.init=models:/eae@pretrained",
+            "--set", f"finetune.data=synth:{tmp_path / 'world'}", "--set", f"sweep.storage_path={tmp_path / 'tune'}")
+    for args, error in (((*qa, "--register-as", "m", "--set", "finetune.alias=latest"), "invalid model alias 'latest'"),
+                        ((*qa, "--register-as", "a/b"), "invalid registered model name 'a/b'"),
+                        ((*tune, "--register-as", "m", "--set", "finetune.alias=v3"), "invalid model alias 'v3'"),
+                        (("pretrain", "--preset", "tiny", "--data", str(tiny_data(tmp_path)), "--batch-size", "1",
+                          "--out", str(tmp_path / "model"), "--register-as", "eae:1"),
+                         "invalid registered model name 'eae:1'")):
+        result = run(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.stderr.startswith(f"eae: error: {error}"), (args, result.stderr)
+        assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
+    assert not (tmp_path / "tune").exists()

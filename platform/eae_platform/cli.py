@@ -31,10 +31,10 @@ from eae_platform.evaluate.analysis import run_names
 from eae_platform.evaluate.config import TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
-from eae_platform.finetune.sweep import check_trial_fits, format_trials, load_space, resume_space, run_sweep
+from eae_platform.finetune.sweep import check_storage, check_trial_fits, format_trials, load_space, resume_space, run_sweep
 from eae_platform.model_init import is_mlflow_uri, resolve_init
 from eae_platform.pretrain.config import COMPILE_MODES, load_pretrain_config
-from eae_platform.pretrain.storage import CheckpointStorageError
+from eae_platform.pretrain.storage import CheckpointStorageError, check_output_dir
 from eae_platform.progress import VERBOSE_ENV, attach, innermost, relay, root_cause, save_traceback, verbose
 from eae_platform.ray_session import connect, stopped_by
 from eae_platform.serving.cli import entities_add_command, serve_command
@@ -407,6 +407,8 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     _check_local_model(config.init)
     _check_registration(config.register_as, config.alias)
     check_dataset(config.data)
+    if config.out:  # the model is written there after training: a place that cannot take it failed the run then
+        check_output_dir(config.out, "--out (finetune.out)", "the fine-tuned model")
     config.mlflow_uri = tracking_uri(config.mlflow_uri)
     check_reachable(config.mlflow_uri)  # the task's new run said so only after Ray started
     summary = _run_in_ray_task(_finetune_in_task, config, args)
@@ -572,6 +574,7 @@ def _tune(args: argparse.Namespace) -> int:
         _check_init_given(init, "--set finetune.init=MODEL (or the space's finetune.init)")
         _check_local_model(init)
         check_dataset(data)
+    check_storage(space.sweep, args.resume)
     if not args.resume:  # the sweep's new parent run said so only after Ray started (a resumed one queues offline)
         from eae_platform.tracking import check_reachable, tracking_uri  # heavy: MLflow
 

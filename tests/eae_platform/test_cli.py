@@ -426,3 +426,29 @@ def test_finetune_and_tune_check_the_registration_before_starting_ray(tmp_path):
         assert result.stderr.startswith(f"eae: error: {error}"), (args, result.stderr)
         assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
     assert not (tmp_path / "tune").exists()
+
+
+def test_finetune_and_tune_check_where_they_write_before_starting_ray(tmp_path):
+    """finetune's --out that cannot be a directory (it failed the run when the model was saved,
+    after training), and tune's sweep.storage_path that cannot be one (a bare `[Errno 2] ...`)
+    or a new sweep's directory that exists (said after Ray had started): refused on the driver."""
+    from eae_data.synth import write_world
+
+    write_world(tmp_path / "world", 50, 0, 1)
+    space, afile = Path(__file__).resolve().parents[2] / "tune_spaces" / "synth.yaml", tmp_path / "world" / "world.xml"
+    qa = ("finetune", "qa", "--init", "models:/eae@pretrained", "--data", f"synth:{tmp_path / 'world'}")
+    tune = ("tune", "--space", str(space), "--set", "finetune.init=models:/eae@pretrained",
+            "--set", f"finetune.data=synth:{tmp_path / 'world'}")
+    (tmp_path / "tune" / "synth-grid").mkdir(parents=True)  # synth.yaml's sweep.name: a sweep that has run
+    for args, error in (((*qa, "--out", str(afile / "qa")),
+                         f"--out (finetune.out) {afile / 'qa'}: the fine-tuned model cannot be written there "
+                         f"(Not a directory: {afile / 'qa'})"),
+                        ((*tune, "--set", "sweep.storage_path=/proc/nope"),
+                         "sweep.storage_path /proc/nope: the sweep's trials and state cannot be written there "
+                         "(No such file or directory: /proc/nope)"),
+                        ((*tune, "--set", f"sweep.storage_path={tmp_path / 'tune'}"),
+                         f"{tmp_path / 'tune' / 'synth-grid'} exists: resume it with --resume")):
+        result = run(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.stderr.startswith(f"eae: error: {error}"), (args, result.stderr)
+        assert RAY_CONNECTED not in result.stdout, (args, result.stdout)

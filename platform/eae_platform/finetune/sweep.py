@@ -32,6 +32,7 @@ import yaml
 
 from eae_model.config import parse_override
 from eae_platform.finetune.config import FinetuneConfig, absolute_paths, finetune_config_from
+from eae_platform.pretrain.storage import check_output_dir
 from eae_platform.progress import verbose
 
 SEARCHES = ("grid", "optuna-grid", "optuna-tpe")
@@ -197,6 +198,17 @@ def resolved(space: SweepSpace) -> SweepSpace:
 
     base = absolute_paths(finetune_config_from(space.finetune))
     return dataclasses.replace(space, finetune={**dataclasses.asdict(base), "mlflow_uri": base.mlflow_uri or tracking_uri()})
+
+
+def check_storage(sweep: SweepConfig, resume: bool) -> None:
+    """On the driver, before Ray starts (run_sweep found both after it had, ~10 s, and after
+    opening the sweep's MLflow run): a new sweep whose directory exists, and a
+    sweep.storage_path that cannot be a directory (under /proc, under a file), which was a bare
+    `[Errno 2] ...`. The storage is made, the sweep's own directory is not (Tune makes it)."""
+    root = Path(sweep.storage_path).resolve()
+    if not resume and (root / sweep.name).exists():
+        raise FileExistsError(f"{root / sweep.name} exists: resume it with --resume, or choose another sweep.name")
+    check_output_dir(root, "sweep.storage_path", "the sweep's trials and state")
 
 
 def state_path(sweep: SweepConfig) -> Path:

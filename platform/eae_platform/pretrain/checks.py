@@ -12,7 +12,7 @@ from pathlib import Path
 from eae_data.shards import rows_per_rank, shard_files
 from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain.config import PretrainConfig
-from eae_platform.pretrain.storage import check_writable
+from eae_platform.pretrain.storage import check_output_dir, check_writable
 
 
 def check_data(config: PretrainConfig) -> dict:
@@ -63,17 +63,8 @@ def check_out(config: PretrainConfig) -> None:
     """`train.out` made a directory now, and written to once: the workers write the final model
     there after the last step, and a path that cannot be one (a file, under a file, a read-only
     place) failed the whole run there, with Ray's traceback."""
-    out = config.train.out
-    if not out:
-        return
-    probe = Path(out) / ".eae-write-check"
-    try:
-        probe.parent.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-        probe.unlink()
-    except OSError as error:
-        raise ValueError(f"--out (train.out) {out}: the final model cannot be written there ({error.strerror}: "
-                         f"{error.filename}); give a directory that can be") from None
+    if config.train.out:
+        check_output_dir(config.train.out, "--out (train.out)", "the final model")
 
 
 def check_storage(config: PretrainConfig) -> None:

@@ -83,6 +83,21 @@ def check_writable(run_dir: Path) -> None:
                                      "the same command again.") from error
 
 
+def check_output_dir(path: str | Path, setting: str, what: str) -> None:
+    """`path` made a directory now and written to once, on the driver before Ray starts: a
+    command's output place that cannot be one (under a file, under /proc, read-only) failed the
+    command only where it was first written, after Ray had started or after training. A
+    ValueError naming `setting` (`--out (train.out)`) and `what` is written there."""
+    probe = Path(path) / ".eae-write-check"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"{setting} {path}: {what} cannot be written there ({error.strerror}: "
+                         f"{error.filename}); give a directory that can be") from None
+
+
 def refused_write(error: BaseException) -> StorageUnwritable | None:
     """The StorageUnwritable of the worker that had trained the most steps, among those a
     failed Ray Train run (ray.train.WorkerGroupError) reports; None if no worker raised one."""

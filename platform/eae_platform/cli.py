@@ -387,6 +387,21 @@ def _check_init_given(init: str | None, how: str) -> None:
                          "or a pretraining checkpoint")
 
 
+def _check_stated_in(path: str | None, setting: str) -> None:
+    """The `eae data build` directory whose training split says which facts pretraining read,
+    read now: fine-tuning read it only after training (for its `_stated` EM), and a wrong path
+    failed the run then, with a bare `[Errno 2] ... manifest.json`."""
+    if not path:
+        return
+    from eae_platform.evaluate.probes import stated_subjects  # pyarrow: not for --help
+
+    try:
+        stated_subjects(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{setting} {path}: no manifest.json there; give the `eae data build` "
+                                "directory pretraining read") from None
+
+
 def _finetune_in_task(config):
     """eae_platform.finetune.qa.finetune, imported in the Ray task that runs it: the driver never
     needs torch (~2.7 CPU-seconds of import on a 2-core machine, for every `eae finetune qa`)."""
@@ -407,6 +422,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     _check_local_model(config.init)
     _check_registration(config.register_as, config.alias)
     check_dataset(config.data)
+    _check_stated_in(config.stated_in, "finetune.stated_in")
     if config.out:  # the model is written there after training: a place that cannot take it failed the run then
         check_output_dir(config.out, "--out (finetune.out)", "the fine-tuned model")
     config.mlflow_uri = tracking_uri(config.mlflow_uri)
@@ -468,6 +484,7 @@ def _eval(args: argparse.Namespace) -> int:
     _check_local_data(given)  # each path named as the command line gave it, not made absolute
     if config.qa_data:
         check_dataset(config.qa_data)
+    _check_stated_in(config.stated_in, "eval.stated_in")
     config.mlflow_uri = tracking_uri(config.mlflow_uri)
     if config.task in ("analysis", "overlap"):  # a run not in the store: its name, before Ray starts
         find_runs(run_names(config), config.mlflow_uri)
@@ -574,6 +591,8 @@ def _tune(args: argparse.Namespace) -> int:
         _check_init_given(init, "--set finetune.init=MODEL (or the space's finetune.init)")
         _check_local_model(init)
         check_dataset(data)
+    for stated_in in dict.fromkeys(t.stated_in for t in trials):  # read for the selected trial's test EM
+        _check_stated_in(stated_in, "finetune.stated_in")
     check_storage(space.sweep, args.resume)
     if not args.resume:  # the sweep's new parent run said so only after Ray started (a resumed one queues offline)
         from eae_platform.tracking import check_reachable, tracking_uri  # heavy: MLflow

@@ -452,3 +452,26 @@ def test_finetune_and_tune_check_where_they_write_before_starting_ray(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
         assert result.stderr.startswith(f"eae: error: {error}"), (args, result.stderr)
         assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
+
+
+def test_a_stated_in_directory_is_read_before_starting_ray(tmp_path):
+    """finetune.stated_in (eval.stated_in, a sweep's) names the pretraining data whose split says
+    which facts pretraining read: fine-tuning read it after training, and a wrong path failed the
+    run there with a bare `[Errno 2] ... manifest.json`. Now one line naming the setting, before Ray."""
+    from eae_data.synth import write_world
+
+    write_world(tmp_path / "world", 50, 0, 1)
+    world, missing = tmp_path / "world", tmp_path / "nodata"
+    space = Path(__file__).resolve().parents[2] / "tune_spaces" / "synth.yaml"
+    for args, setting in ((("finetune", "qa", "--init", "models:/eae@pretrained", "--data", f"synth:{world}",
+                            "--set", f"finetune.stated_in={missing}"), "finetune.stated_in"),
+                          (("tune", "--space", str(space), "--set", "finetune.init=models:/eae@pretrained",
+                            "--set", f"finetune.data=synth:{world}", "--set", f"finetune.stated_in={missing}",
+                            "--set", f"sweep.storage_path={tmp_path / 'tune'}"), "finetune.stated_in"),
+                          (("eval", "lama", "--model", "models:/eae@pretrained", "--data", f"synth:{world}",
+                            "--set", f"eval.stated_in={missing}"), "eval.stated_in")):
+        result = run(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.stderr == (f"eae: error: {setting} {missing}: no manifest.json there; give the `eae data build` "
+                                 "directory pretraining read\n"), (args, result.stderr)
+        assert RAY_CONNECTED not in result.stdout, (args, result.stdout)

@@ -594,3 +594,27 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
     logs = re.search(r"Ray's own output.*?: (\S+/logs)", servers[signal.SIGINT][1].read_text(errors="replace"))[1]
     stops = _replica_stops(Path(logs))
     assert len(stops) == 2 and max(stops) < 1.9, stops
+
+
+def test_eae_serve_whose_model_does_not_load_exits_1_in_one_line(tmp_path):
+    """A model directory whose weights are cut short (a copy or download stopped half way) passes
+    the checks made before Ray starts (its files are there) and fails in the replica: `eae serve`
+    says so in one line and exits 1. Before, it printed Ray's "Task
+    ServeController.graceful_shutdown failed ... killed by `ray.kill`" after it (serve.shutdown
+    on its own local cluster)."""
+    import subprocess
+    import sys
+
+    model = make_model_dir(tmp_path / "model")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    eae = Path(sys.executable).parent / "eae"
+    done = subprocess.run([str(eae), "serve", "--model", str(model), "--port", str(free_port())], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                          start_new_session=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = done.stdout  # both streams, in the order they were written (Ray's line came on stdout)
+    assert done.returncode == 1, out[-3000:]
+    assert "eae: error: the model did not load: SafetensorError" in out, out[-3000:]
+    after = out[out.index("eae: error: the model did not load"):]
+    for noise in ("graceful_shutdown failed", "Controller failed to shut down", "Traceback"):
+        assert noise not in after, after

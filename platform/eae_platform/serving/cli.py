@@ -139,7 +139,7 @@ def serve_command(args: argparse.Namespace) -> int:
                 status = {}
             if status.get("error") and "loading" not in status["error"]:
                 print(f"eae: error: the model did not load: {status['error']}", file=sys.stderr)
-                serve.shutdown()
+                _remove_app(on_cluster=bool(args.address or os.environ.get("RAY_ADDRESS")))
                 return 1
         except OSError:
             pass
@@ -160,27 +160,37 @@ def serve_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     by = stopped_by[0] if stopped_by else signal.SIGINT
-    if args.address or os.environ.get("RAY_ADDRESS"):
-        serve.shutdown()  # Serve on a cluster that outlives this command: its controller and proxies too
-    elif by == signal.SIGINT:
-        # The replicas finish their requests in flight (app.SHUTDOWN_WAIT_LOOP_S); the controller
-        # and proxy end with this command's local cluster (ray.shutdown at exit). Not
-        # serve.shutdown: the controller kills itself while its graceful_shutdown task waits, and
-        # Ray printed "Task ServeController.graceful_shutdown failed ... killed by `ray.kill`".
-        # (Serve's INFO line "Deleting app ['eae']" left out: the line below says it.)
-        serve_logger = logging.getLogger("ray.serve")
-        level = serve_logger.level
-        serve_logger.setLevel(logging.WARNING)
-        try:
-            serve.delete("eae")
-        finally:
-            serve_logger.setLevel(level)
+    on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
+    if on_cluster or by == signal.SIGINT:
+        _remove_app(on_cluster)
     # else SIGTERM, to a local cluster: no drain. Its GCS and raylet are in this process's group,
     # and a SIGTERM to the group (`kill -- -PGID`, `timeout`, a service manager's stop)
     # has ended them too: serve.shutdown then waited 30 s for a GCS that was gone. Ray's driver
     # itself answers SIGTERM by exiting, and its local cluster, Serve with it, ends with it.
     print(f"eae: serve stopped ({signal.Signals(by).name})", file=sys.stderr, flush=True)
     return 0
+
+
+def _remove_app(on_cluster: bool) -> None:
+    """The app gone as `eae serve` ends (stopped, or its model failed to load). On a cluster
+    that outlives this command, Serve with it: its controller and proxies too. On this command's
+    local cluster only the app: its replicas finish their requests in flight
+    (app.SHUTDOWN_WAIT_LOOP_S), the controller and proxy end with the cluster (ray.shutdown at
+    exit). Not serve.shutdown there: the controller kills itself while its graceful_shutdown
+    task waits, and Ray printed "Task ServeController.graceful_shutdown failed ... killed by
+    `ray.kill`". (Serve's INFO line "Deleting app ['eae']" left out: the caller's line says it.)"""
+    from ray import serve
+
+    if on_cluster:
+        serve.shutdown()
+        return
+    serve_logger = logging.getLogger("ray.serve")
+    level = serve_logger.level
+    serve_logger.setLevel(logging.WARNING)
+    try:
+        serve.delete("eae")
+    finally:
+        serve_logger.setLevel(level)
 
 
 def _new_entities(args: argparse.Namespace) -> list[dict]:

@@ -586,6 +586,9 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
         out = log.read_text(errors="replace")
         assert proc.returncode == 0, (sig, out[-3000:])
         assert out.strip().splitlines()[-1] == f"eae: serve stopped ({sig.name})", (sig, out[-3000:])
+        # Serve's start-up INFO lines only with --verbose: one said the http_options given "will
+        # not be applied", serve.run's own start after ours, which had applied them
+        assert "Started Serve" not in out and "will not be applied" not in out, (sig, out[:3000])
         stop_lines = out[out.index("stops the server"):]
         for noise in ("graceful_shutdown failed", "Controller failed to shut down", "Traceback", "ERROR"):
             assert noise not in stop_lines, (sig, stop_lines)

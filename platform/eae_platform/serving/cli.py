@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from eae_model.config import parse_override
+from eae_platform.progress import verbose
 from eae_platform.serving.model_source import check_local
 
 
@@ -122,8 +124,12 @@ def serve_command(args: argparse.Namespace) -> int:
     if not (args.address or os.environ.get("RAY_ADDRESS")):  # a running cluster's proxy may hold it already
         check_port_free(args.host, args.port)
     connect(args.address)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(build_app(dataclasses.asdict(settings)), name="eae", route_prefix="/", blocking=False)
+    # Serve's INFO lines as it starts (with --verbose only): three lines before ours, one of them
+    # "Connecting to existing Serve app ... New http_options/controller_options will not be
+    # applied", serve.run's own start after ours, though ours applied them (the address below)
+    with _serve_logs_at(logging.INFO if verbose() else logging.WARNING):
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(build_app(dataclasses.asdict(settings)), name="eae", route_prefix="/", blocking=False)
     url = f"http://{args.host}:{args.port}"
     print(f"serving {settings.model} at {url}/  (API docs {url}/docs); waiting for the model ...", flush=True)
     deadline = time.monotonic() + 600
@@ -184,13 +190,20 @@ def _remove_app(on_cluster: bool) -> None:
     if on_cluster:
         serve.shutdown()
         return
-    serve_logger = logging.getLogger("ray.serve")
-    level = serve_logger.level
-    serve_logger.setLevel(logging.WARNING)
-    try:
+    with _serve_logs_at(logging.WARNING):
         serve.delete("eae")
+
+
+@contextlib.contextmanager
+def _serve_logs_at(level: int):
+    """Ray Serve's driver-side logger at `level` for the block."""
+    serve_logger = logging.getLogger("ray.serve")
+    before = serve_logger.level
+    serve_logger.setLevel(level)
+    try:
+        yield
     finally:
-        serve_logger.setLevel(level)
+        serve_logger.setLevel(before)
 
 
 def _new_entities(args: argparse.Namespace) -> list[dict]:

@@ -115,15 +115,9 @@ def test_pretrain_resume_compares_relative_paths_as_the_checkpoint_holds_them(tm
     """A checkpoint keeps train.data and train.storage_path absolute; `--resume NAME` given the
     same relative paths as the run that made it was refused as a change of both. Here the only
     change is model.k_train, so the check runs (on the driver, before Ray) and names that alone."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from eae_platform.pretrain.config import load_pretrain_config
 
-    data = tmp_path / "data"
-    (data / "shards" / "train").mkdir(parents=True)
-    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 64}, "counts": {"entities": 10}}))
-    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}), data / "shards" / "train" / "part-00000-0000.parquet")
+    data = tiny_data(tmp_path)
     saved = load_pretrain_config(None, [f"train.data={data}", f"train.storage_path={tmp_path / 'ray'}", "train.name=r1",
                                         "train.batch_size=1", "model.max_length=64", "model.num_entities=10"], preset="tiny")
     checkpoint = tmp_path / "ray" / "r1" / "checkpoint_2026-01-01_00-00-00.000000"
@@ -144,13 +138,7 @@ def test_pretrain_checks_its_out_directory_and_alias_before_starting_ray(tmp_pat
     """An --out that cannot be a directory (here, a file's path) and an alias MLflow refuses are
     refused on the driver: the model is written and registered after the last step, and the run
     failed there."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    data = tmp_path / "data"
-    (data / "shards" / "train").mkdir(parents=True)
-    (data / "manifest.json").write_text(json.dumps({"settings": {"max_length": 64}, "counts": {"entities": 10}}))
-    pq.write_table(pa.table({"context_id": [1], "token_ids": [[101, 7, 102]]}), data / "shards" / "train" / "part-00000-0000.parquet")
+    data = tiny_data(tmp_path)
     out = data / "manifest.json"
     result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1", "--out", str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

@@ -75,7 +75,7 @@ def test_the_best_recipe_section_and_the_summary_are_printed_from_the_committed_
     printed = _tables(out)
 
     shown = _tables(_section(text, "Each model at its best recipe"))
-    assert len(shown) == 3, shown
+    assert len(shown) == 4, shown  # the picks, EaE − No-EaE, its growth with the world, EaE − EaE-unsup
     for table in shown:  # the first line of each that the script did not print
         assert table in printed, next(line for line in table.splitlines() if line not in out)
     assert figure.read_bytes() == (REPO / "docs" / "results" / "regime-best-recipe.svg").read_bytes()

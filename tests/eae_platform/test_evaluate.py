@@ -432,14 +432,15 @@ def test_a_qa_run_not_in_the_store_is_named_before_anything_runs(tmp_path, capsy
 
 
 def test_a_tracking_store_that_is_down_is_one_line_not_a_traceback(synth_pretrained, capsys):
-    """The run is created inside the Ray task: its TrackingUnavailable comes back wrapped by Ray,
-    and is still told as the store's message alone (exit 1), as a disk's refusal is."""
+    """A tracking server that does not answer is asked on the driver before Ray starts
+    (tracking.check_reachable): the store's message alone, exit 2, as other bad input. (Before,
+    the run created inside the Ray task said it, wrapped by Ray, ~10 s later.)"""
     from tests.conftest import free_port
 
     tmp, _, _ = synth_pretrained
     dead = f"http://127.0.0.1:{free_port()}"
     assert cli.main(["eval", "masked", "--model", str(tmp / "model"), "--data", str(tmp / "data"),
-                     "--set", f"eval.mlflow_uri={dead}"]) == 1
+                     "--set", f"eval.mlflow_uri={dead}"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"eae: error: cannot create an MLflow run: tracking store {dead} unreachable"), line
 

@@ -60,9 +60,9 @@ def _not_built(data: Path) -> str:
 
 
 def check_out(config: PretrainConfig) -> None:
-    """`train.out` made a directory now, and written to once: the workers write the final model
-    there after the last step, and a path that cannot be one (a file, under a file, a read-only
-    place) failed the whole run there, with Ray's traceback."""
+    """`train.out` made a directory and written to once (what was made, removed again): the
+    workers write the final model there after the last step, and a path that cannot be one (a
+    file, under a file, a read-only place) failed the whole run there, with Ray's traceback."""
     if config.train.out:
         check_output_dir(config.train.out, "--out (train.out)", "the final model")
 

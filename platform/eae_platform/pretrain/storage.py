@@ -16,6 +16,7 @@ import errno
 import json
 import os
 from contextlib import contextmanager
+import shutil
 from pathlib import Path
 
 # The errnos that say the storage refuses writes (as opposed to a bug or a missing file): a
@@ -87,15 +88,21 @@ def check_output_dir(path: str | Path, setting: str, what: str) -> None:
     """`path` made a directory now and written to once, on the driver before Ray starts: a
     command's output place that cannot be one (under a file, under /proc, read-only) failed the
     command only where it was first written, after Ray had started or after training. A
-    ValueError naming `setting` (`--out (train.out)`) and `what` is written there."""
-    probe = Path(path) / ".eae-write-check"
+    ValueError naming `setting` (`--out (train.out)`) and `what` is written there. What the
+    check made is removed after it: a command refused by a later check leaves nothing behind."""
+    path = Path(path)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    probe = path / ".eae-write-check"
     try:
-        probe.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
         probe.touch()
         probe.unlink()
     except OSError as error:
         raise ValueError(f"{setting} {path}: {what} cannot be written there ({error.strerror}: "
                          f"{error.filename}); give a directory that can be") from None
+    finally:
+        if existing != path:  # the first directory made here, and what is under it
+            shutil.rmtree(existing / path.relative_to(existing).parts[0], ignore_errors=True)
 
 
 def refused_write(error: BaseException) -> StorageUnwritable | None:

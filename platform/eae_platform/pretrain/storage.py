@@ -67,15 +67,21 @@ def append_record(path: Path, record: dict) -> None:
             raise
 
 
+def probe_write(directory: Path) -> None:
+    """`directory` made (with its parents) and an empty file written there and removed: the
+    OSError a later write would meet, now."""
+    probe = directory / ".eae-write-check"
+    directory.mkdir(parents=True, exist_ok=True)
+    probe.touch()
+    probe.unlink()
+
+
 def check_writable(run_dir: Path) -> None:
     """Before a launch: a CheckpointStorageError if run_dir cannot be created or written to (a
     read-only or forbidden storage), rather than Ray Train's controller dying of it in its
     first write. A full disk still takes this empty file: a run finds that out at a write."""
-    probe = run_dir / ".eae-write-check"
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-        probe.unlink()
+        probe_write(run_dir)
     except OSError as error:
         if error.errno not in UNWRITABLE:
             raise
@@ -92,11 +98,8 @@ def check_output_dir(path: str | Path, setting: str, what: str) -> None:
     check made is removed after it: a command refused by a later check leaves nothing behind."""
     path = Path(path)
     existing = next(p for p in (path, *path.parents) if p.exists())
-    probe = path / ".eae-write-check"
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-        probe.unlink()
+        probe_write(path)
     except OSError as error:
         raise ValueError(f"{setting} {path}: {what} cannot be written there ({error.strerror}: "
                          f"{error.filename}); give a directory that can be") from None

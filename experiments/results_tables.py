@@ -620,20 +620,16 @@ def figure_cell(g: dict, k: str) -> str:
     return cell + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def seed_diffs(a: dict, ka: str, b: dict, kb: str) -> list[float]:
-    """a[ka] − b[kb], one value a seed both hold, in points (PPL as it is)."""
-    x, y = dict(zip(a["seeds"], a[ka])), dict(zip(b["seeds"], b[kb]))
-    scale = 1 if ka == "masked_ppl" else 100
-    return [(x[s] - y[s]) * scale for s in x if s in y and x[s] is not None and y[s] is not None]
-
-
 def paired_gap(a: dict, ka: str, b: dict, kb: str) -> tuple[float, float, int] | None:
     """(mean, 95% half-width, seeds) in points of a[ka] − b[kb] over the seeds both have."""
-    diffs = seed_diffs(a, ka, b, kb)
+    x = dict(zip(a["seeds"], a[ka]))
+    y = dict(zip(b["seeds"], b[kb]))
+    diffs = [x[s] - y[s] for s in x if s in y and x[s] is not None and y[s] is not None]
     if not diffs:
         return None
     mean, _, half = mean_ci(diffs)
-    return mean, half, len(diffs)
+    scale = 1 if ka == "masked_ppl" else 100
+    return mean * scale, half * scale, len(diffs)
 
 
 def gap_cell(gap, lower_is_better: bool = False) -> str:
@@ -646,6 +642,13 @@ def gap_cell(gap, lower_is_better: bool = False) -> str:
     better = -1 if lower_is_better else 1
     verdict = " ✓" if better * mean - half > 0 else " ✗" if better * mean + half < 0 else " ~"
     return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]{verdict} (seeds={n})"
+
+
+def gap_per_seed(eae: dict, no: dict, k: str) -> list[float]:
+    """EaE − No-EaE on metric k, one value a seed both hold, in points."""
+    x, y = dict(zip(eae["seeds"], eae[k])), dict(zip(no["seeds"], no[k]))
+    scale = 1 if k == "masked_ppl" else 100
+    return [(x[s] - y[s]) * scale for s in x if s in y and x[s] is not None and y[s] is not None]
 
 
 def welch_gap(b: list[float], a: list[float]) -> tuple[float, float, int] | None:
@@ -684,7 +687,7 @@ def print_growth(pairs: dict, setting: dict, keys: tuple = PAIRED, budgets: dict
         points = sorted((setting[(w, z)]["ratio"], w) for (w, z2) in pairs if z2 == z and (w, z) in setting)
         for (r1, w1), (r2, w2) in zip(points, points[1:]):
             (e1, n1), (e2, n2) = pairs[(w1, z)], pairs[(w2, z)]
-            cells = [gap_cell(welch_gap(seed_diffs(e2, k, n2, k), seed_diffs(e1, k, n1, k)), k == "masked_ppl")
+            cells = [gap_cell(welch_gap(gap_per_seed(e2, n2, k), gap_per_seed(e1, n1, k)), k == "masked_ppl")
                      for k in keys]
             label = f"{world_label(w1)} → {world_label(w2)} ({r1:.3f} → {r2:.3f}"
             if budget(w1, z) != budget(w2, z):  # the points trained at other budgets: said in the row, not compared silently

@@ -392,6 +392,19 @@ def test_pretrain_checks_its_checkpoint_storage_before_starting_ray(tmp_path):
         assert RAY_CONNECTED not in result.stdout, result.stdout
 
 
+def test_a_pretrain_refused_after_its_storage_check_leaves_no_storage_behind(tmp_path):
+    """check_storage makes train.storage_path and the named run's directory under it to write
+    there; a later check's refusal (here the model name) left them behind. Whatever the check
+    made is removed; what was there before stays."""
+    data = tiny_data(tmp_path)
+    (tmp_path / "had").mkdir()
+    for storage in (tmp_path / "new" / "ray", tmp_path / "had"):
+        result = run("pretrain", "--preset", "tiny", "--data", str(data), "--batch-size", "1", "--name", "r1",
+                     "--out", str(tmp_path / "model"), "--register-as", "eae:1", "--set", f"train.storage_path={storage}")
+        assert result.returncode == 2 and "invalid registered model name 'eae:1'" in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "had"] and not any((tmp_path / "had").iterdir())
+
+
 def test_finetune_and_tune_check_the_registration_before_starting_ray(tmp_path):
     """An alias MLflow reserves (`latest`, `v3`) or a model name it refuses (`a/b`) is refused on
     the driver: the fine-tuned model (a sweep's selected one) is registered after training, and

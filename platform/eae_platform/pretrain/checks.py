@@ -12,7 +12,7 @@ from pathlib import Path
 from eae_data.shards import rows_per_rank, shard_files
 from eae_platform.preprocess.build import read_manifest
 from eae_platform.pretrain.config import PretrainConfig
-from eae_platform.pretrain.storage import check_output_dir, check_writable
+from eae_platform.pretrain.storage import check_output_dir, check_writable, made_for_now
 
 
 def check_data(config: PretrainConfig) -> dict:
@@ -69,13 +69,15 @@ def check_out(config: PretrainConfig) -> None:
 
 def check_storage(config: PretrainConfig) -> None:
     """`train.storage_path` (the run's directory under it, when the run is named) made and
-    written to now, as job.run does again before Ray Train starts: a path that cannot be a
-    directory (under /proc, under a file) was a bare `[Errno 2] No such file or directory` after
-    the local Ray cluster had started. A storage that refuses writes (read-only, permissions)
-    stays check_writable's CheckpointStorageError, its own paragraph."""
+    written to now, and what was made removed again (job.run makes it before Ray Train starts):
+    a path that cannot be a directory (under /proc, under a file) was a bare `[Errno 2] No such
+    file or directory` after the local Ray cluster had started. A storage that refuses writes
+    (read-only, permissions) stays check_writable's CheckpointStorageError, its own paragraph."""
     t = config.train
+    run_dir = Path(t.storage_path) / t.name if t.name else Path(t.storage_path)
     try:
-        check_writable(Path(t.storage_path) / t.name if t.name else Path(t.storage_path))
+        with made_for_now(run_dir):
+            check_writable(run_dir)
     except OSError as error:
         raise ValueError(f"train.storage_path {t.storage_path}: checkpoints cannot be written there "
                          f"({error.strerror}: {error.filename}); give a directory that can be") from None

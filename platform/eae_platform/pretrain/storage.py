@@ -97,12 +97,22 @@ def check_output_dir(path: str | Path, setting: str, what: str) -> None:
     ValueError naming `setting` (`--out (train.out)`) and `what` is written there. What the
     check made is removed after it: a command refused by a later check leaves nothing behind."""
     path = Path(path)
-    existing = next(p for p in (path, *path.parents) if p.exists())
     try:
-        probe_write(path)
+        with made_for_now(path):
+            probe_write(path)
     except OSError as error:
         raise ValueError(f"{setting} {path}: {what} cannot be written there ({error.strerror}: "
                          f"{error.filename}); give a directory that can be") from None
+
+
+@contextmanager
+def made_for_now(path: Path):
+    """Inside: a check that may make `path` (and its missing parents). After it, whether it
+    passed or not, the directories it made are removed: a driver-side check's directory is made
+    again where the command writes, and a command refused by a later check leaves nothing behind."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    try:
+        yield
     finally:
         if existing != path:  # the first directory made here, and what is under it
             shutil.rmtree(existing / path.relative_to(existing).parts[0], ignore_errors=True)

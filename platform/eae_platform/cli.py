@@ -402,6 +402,15 @@ def _check_stated_in(path: str | None, setting: str) -> None:
                                 "directory pretraining read") from None
 
 
+def _check_vocab(path: str | None, setting: str) -> None:
+    """An entity vocabulary given in place of the model's own, looked for now: the Ray task
+    read it (AnswerResolver.from_dir) only after Ray had started, ~10 s in. Only the file it
+    needs is looked for: reading the vocabulary (up to a million entities) is the task's work."""
+    if path and not (Path(path) / "entities.parquet").is_file():
+        raise FileNotFoundError(f"{setting} {path}: no entities.parquet there; give an `eae data build` directory "
+                                "or a model directory written by `eae pretrain`, or leave it unset for the model's own")
+
+
 def _finetune_in_task(config):
     """eae_platform.finetune.qa.finetune, imported in the Ray task that runs it: the driver never
     needs torch (~2.7 CPU-seconds of import on a 2-core machine, for every `eae finetune qa`)."""
@@ -423,6 +432,7 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     _check_registration(config.register_as, config.alias)
     check_dataset(config.data)
     _check_stated_in(config.stated_in, "finetune.stated_in")
+    _check_vocab(config.vocab, "finetune.vocab")
     if config.out:  # the model is written there after training: a place that cannot take it failed the run then
         check_output_dir(config.out, "--out (finetune.out)", "the fine-tuned model")
     config.mlflow_uri = tracking_uri(config.mlflow_uri)
@@ -593,6 +603,8 @@ def _tune(args: argparse.Namespace) -> int:
         check_dataset(data)
     for stated_in in dict.fromkeys(t.stated_in for t in trials):  # read for the selected trial's test EM
         _check_stated_in(stated_in, "finetune.stated_in")
+    for vocab in dict.fromkeys(t.vocab for t in trials):
+        _check_vocab(vocab, "finetune.vocab")
     check_storage(space.sweep, args.resume)
     if not args.resume:  # the sweep's new parent run said so only after Ray started (a resumed one queues offline)
         from eae_platform.tracking import check_reachable, tracking_uri  # heavy: MLflow

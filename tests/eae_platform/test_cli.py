@@ -476,3 +476,23 @@ def test_a_stated_in_directory_is_read_before_starting_ray(tmp_path):
         assert result.stderr == (f"eae: error: {setting} {missing}: no manifest.json there; give the `eae data build` "
                                  "directory pretraining read\n"), (args, result.stderr)
         assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
+
+
+def test_a_finetune_vocab_without_entities_is_refused_before_starting_ray(tmp_path):
+    """finetune.vocab (an entity vocabulary in place of the model's own) naming a directory
+    without entities.parquet: the Ray task said so only after Ray had started. Now one line
+    naming the setting and the path, exit 2, before Ray (a sweep's too: every trial failed on it)."""
+    from eae_data.synth import write_world
+
+    write_world(tmp_path / "world", 50, 0, 1)
+    world, missing = tmp_path / "world", tmp_path / "novocab"
+    space = Path(__file__).resolve().parents[2] / "tune_spaces" / "synth.yaml"
+    for args in (("finetune", "qa", "--init", "models:/eae@pretrained", "--data", f"synth:{world}"),
+                 ("tune", "--space", str(space), "--set", "finetune.init=models:/eae@pretrained",
+                  "--set", f"finetune.data=synth:{world}", "--set", f"sweep.storage_path={tmp_path / 'tune'}")):
+        result = run(*args, "--set", f"finetune.vocab={missing}")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.stderr.startswith(f"eae: error: finetune.vocab {missing}: no entities.parquet there"), \
+            (args, result.stderr)
+        assert len(result.stderr.splitlines()) == 1 and RAY_CONNECTED not in result.stdout, (args, result.stdout)
+    assert not (tmp_path / "tune").exists()

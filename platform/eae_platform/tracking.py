@@ -137,22 +137,62 @@ def unreachable(uri: str, exc: BaseException) -> str | None:
     return f"tracking store {uri} unreachable ({_short(exc)})" if _is_transient(exc) else None
 
 
+# MLflow's database stores other than SQLite, by their URI's scheme (before any `+driver`)
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+# Each driver's own name for its connection timeout, in seconds: without it a store behind a
+# firewall that drops packets is waited for as long as the OS's TCP timeout (minutes)
+CONNECT_TIMEOUT_ARGS = {"psycopg2": "connect_timeout", "psycopg": "connect_timeout", "pymysql": "connect_timeout",
+                        "mysqldb": "connect_timeout", "pymssql": "login_timeout"}
+CONNECT_TIMEOUT_S = 5
+
+
 def check_reachable(uri: str) -> None:
     """Before a command starts Ray to open a new run: a LookupError (`eae` exits 2) with one
-    line when `uri` is a tracking server that does not answer, as `eae compare` says it. A new
+    line when `uri` is a tracking store that does not answer, as `eae compare` says it. A new
     run's Tracker said it only after the local Ray cluster had started (~10-20 s), behind two
-    urllib3 retry warnings that Ray's logging set-up prints. Only http(s) URIs are asked (one
-    request, under fail_fast's retries: a refused port in ~3 s): a SQLite store is a local file,
-    and asking it would only add its start-up to every command."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    fail_fast()
+    urllib3 retry warnings that Ray's logging set-up prints. A tracking server (http(s)) is asked
+    one request, under fail_fast's retries (a refused port in ~3 s); a database store
+    (`postgresql://`, `mysql+pymysql://`, ...) one connection (_check_database). A SQLite store
+    is not asked: it is a local file, and asking it would only add its start-up to every command."""
+    if uri.startswith(("http://", "https://")):
+        fail_fast()
+        try:
+            mlflow_client(uri).search_experiments(max_results=1)
+        except Exception as error:  # noqa: BLE001 - a refusal other than the store being away is the run's to report
+            reason = unreachable(uri, error)
+            if reason:
+                raise LookupError(f"cannot create an MLflow run: {reason}") from None
+    elif uri.partition(":")[0].partition("+")[0] in DATABASE_SCHEMES:
+        _check_database(uri)
+
+
+def _check_database(uri: str) -> None:
+    """One connection to a database store, opened and closed (no MLflow store: that would
+    create or migrate its tables), the password hidden wherever the URI is said. A driver not
+    installed is said with the store it is for (SQLAlchemy names only the module)."""
+    import sqlalchemy
+
     try:
-        mlflow_client(uri).search_experiments(max_results=1)
-    except Exception as error:  # noqa: BLE001 - a refusal other than the store being away is the run's to report
-        reason = unreachable(uri, error)
+        url = sqlalchemy.make_url(uri)
+        shown = url.render_as_string(hide_password=True)
+        timeout = CONNECT_TIMEOUT_ARGS.get(url.get_driver_name())
+        engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.NullPool,
+                                          connect_args={timeout: CONNECT_TIMEOUT_S} if timeout else {})
+    except ModuleNotFoundError as error:
+        raise LookupError(f"cannot create an MLflow run: tracking store {shown} needs the Python module {error.name}, "
+                          f"not installed here: install it, or name an installed driver ({url.get_backend_name()}"
+                          "+DRIVER://...)") from None
+    except Exception:  # noqa: BLE001 - a URI SQLAlchemy cannot take is MLflow's to report, as it does
+        return
+    try:
+        with engine.connect():
+            pass
+    except Exception as error:  # noqa: BLE001 - as for a server: only the store being away is said here
+        reason = unreachable(shown, error)
         if reason:
             raise LookupError(f"cannot create an MLflow run: {reason}") from None
+    finally:
+        engine.dispose()
 
 
 def mlflow_client(uri: str) -> MlflowClient:

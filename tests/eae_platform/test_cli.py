@@ -368,6 +368,31 @@ def test_a_dead_tracking_server_is_said_before_ray_starts(tmp_path):
         assert RAY_CONNECTED not in result.stdout, (args, result.stdout)
 
 
+def test_a_database_tracking_store_is_asked_before_ray_starts(tmp_path):
+    """A database store as the tracking URI (postgresql://, mysql+pymysql://) is asked for one
+    connection before Ray is connected to, as a server is: one that does not answer, or whose
+    driver is not installed, was said only after Ray had started. The password is not printed.
+    (--address names a port nobody listens on: the store's line must come before Ray's.)"""
+    from eae_data.synth import write_world
+    from eae_platform.tracking import check_reachable
+    from tests.conftest import PG, free_port
+
+    check_reachable(f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{PG['dbname']}")  # it answers
+    write_world(tmp_path / "world", 50, 0, 1)
+    dead = f"postgresql+psycopg2://{PG['user']}:secret@127.0.0.1:{free_port()}/{PG['dbname']}"
+    nodriver = "mysql+pymysql://eae@127.0.0.1/mlflow"  # the project installs no MySQL driver
+    for uri, said in ((dead, f"{dead.replace(':secret@', ':***@')} unreachable (OperationalError: "),
+                      (nodriver, f"{nodriver} needs the Python module pymysql, not installed here")):
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+        result = subprocess.run([str(EAE), "finetune", "qa", "--init", "models:/eae@pretrained", "--data",
+                                 f"synth:{tmp_path / 'world'}", "--address", f"127.0.0.1:{free_port()}"],
+                                capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert result.returncode == 2 and "secret" not in result.stderr, (uri, result.stderr)
+        assert result.stderr.startswith(f"eae: error: cannot create an MLflow run: tracking store {said}"), \
+            (uri, result.stderr)
+        assert len(result.stderr.splitlines()) == 1, (uri, result.stderr)
+
+
 def test_a_sqlite_store_is_not_asked_before_a_run():
     """check_reachable asks only a tracking server: a SQLite store (the default) is a local file,
     and asking it would add its start-up to every command. Nothing is created where it points."""

@@ -6,6 +6,8 @@ tf32 without, so agreement is to ~1e-2 / ~1e-3, not bit for bit.
     python benchmarks/check_triton_model.py
 """
 
+import sys
+
 import torch
 
 from eae_model.config import load_config
@@ -30,6 +32,10 @@ def run(impl: str, sharded: bool, autocast: bool, batch):
 
 
 def main():
+    if not torch.cuda.is_available():  # torch's own "Torch not compiled with CUDA enabled" came as a traceback
+        print("check_triton_model.py needs a CUDA GPU: it checks the Triton kernels, which run on one only, "
+              "against the dense memory", file=sys.stderr)
+        sys.exit(2)
     batch = make_batch(64, 128, 300000, 30522, torch.device("cuda"), seed=5)
     for autocast in (False, True):
         ref_losses, ref_grads = run("dense", False, autocast, batch)

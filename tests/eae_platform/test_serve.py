@@ -599,6 +599,46 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
     assert len(stops) == 2 and max(stops) < 1.9, stops
 
 
+def test_eae_serve_pressed_ctrl_c_again_while_it_stops_still_stops_in_one_line(tmp_path):
+    """Ctrl-C pressed again (and again) while `eae serve` stops, as an impatient user does, or
+    SIGTERM twice as `timeout` sends it (to the command, then to its group): the stop goes on and
+    ends as one Ctrl-C's does, `eae: serve stopped (SIGINT)` last, exit status 0. Before, the
+    second signal raised KeyboardInterrupt again wherever the stop was (Ray's shutdown at exit):
+    "eae: interrupted", a KeyboardInterrupt traceback, and the command killed by SIGINT."""
+    import subprocess
+    import sys
+
+    model = make_model_dir(tmp_path / "model")
+    eae = Path(sys.executable).parent / "eae"
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(eae), "serve", "--model", str(model), "--port", str(free_port())],
+                                cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    try:
+        deadline = time.monotonic() + 300
+        while "stops the server" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.5)
+        sent = 0
+        while proc.poll() is None and sent < 400:  # Ctrl-C, then again every 0.2 s until it has stopped
+            os.kill(proc.pid, signal.SIGINT)
+            sent += 1
+            time.sleep(0.2)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = log.read_text(errors="replace")
+    assert sent > 1, out[-3000:]  # it was still stopping when the second came
+    assert proc.returncode == 0, (proc.returncode, out[-3000:])
+    assert out.strip().splitlines()[-1] == "eae: serve stopped (SIGINT)", out[-3000:]
+    stop_lines = out[out.index("stops the server"):]
+    for noise in ("Traceback", "KeyboardInterrupt", "eae: interrupted"):
+        assert noise not in stop_lines, stop_lines
+
+
 def test_eae_serve_whose_model_does_not_load_exits_1_in_one_line(tmp_path):
     """A model directory whose weights are cut short (a copy or download stopped half way) passes
     the checks made before Ray starts (its files are there) and fails in the replica: `eae serve`

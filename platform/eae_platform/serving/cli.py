@@ -155,7 +155,12 @@ def serve_command(args: argparse.Namespace) -> int:
 
     def stop(signum, frame):
         stopped_by.append(signum)
-        raise KeyboardInterrupt
+        if len(stopped_by) == 1:
+            raise KeyboardInterrupt
+        # a second signal while it stops (Ctrl-C pressed again; `timeout`, which sends SIGTERM to
+        # the command and then to its group): noted, not raised again. Raised, it broke off the
+        # stop wherever it was (Ray's shutdown at exit) with a KeyboardInterrupt traceback, and
+        # the command died of the signal instead of exiting 0
 
     # SIGINT too: a shell starts background jobs with it ignored (`eae serve ... &`).
     signal.signal(signal.SIGINT, stop)
@@ -174,6 +179,10 @@ def serve_command(args: argparse.Namespace) -> int:
     # has ended them too: serve.shutdown then waited 30 s for a GCS that was gone. Ray's driver
     # itself answers SIGTERM by exiting, and its local cluster, Serve with it, ends with it.
     print(f"eae: serve stopped ({signal.Signals(by).name})", file=sys.stderr, flush=True)
+    # and ignored from here to the process's end (Ray's shutdown at exit): Python puts back the
+    # default handler of a signal it handled as it finalizes, and one more Ctrl-C then killed it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return 0
 
 

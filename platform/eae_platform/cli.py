@@ -28,7 +28,7 @@ from eae_data.wikidump import embedded_dump_path
 from eae_model.config import PRESETS, load_config
 from eae_platform import evaluate, task_stop
 from eae_platform.evaluate.analysis import run_names
-from eae_platform.evaluate.config import TASKS, load_eval_config
+from eae_platform.evaluate.config import SPLIT_TASKS, TASKS, load_eval_config
 from eae_platform.finetune.compare import find_runs, markdown, to_csv
 from eae_platform.finetune.config import absolute_paths, load_finetune_config
 from eae_platform.finetune.sweep import check_storage, check_trial_fits, format_trials, load_space, resume_space, run_sweep
@@ -478,6 +478,10 @@ def _add_finetune(commands) -> None:
 def _eval(args: argparse.Namespace) -> int:
     from eae_platform.tracking import check_reachable, tracking_uri  # heavy: MLflow
 
+    if args.split and args.task not in SPLIT_TASKS:  # it was taken and ignored, and the task said "(split dev)"
+        raise ValueError(f"--split: eval {args.task} reads no one split (lama: every probe; typing and relations: "
+                         f"train, dev for the threshold, and report dev and test); --split is for "
+                         f"{', '.join(SPLIT_TASKS)}")
     config = load_eval_config(args.config, args.set, task=args.task, model=args.model, data=args.data,
                               split=args.split, qa_model=args.qa_model, qa_data=args.qa_data, runs=args.runs,
                               ks=args.ks)
@@ -578,7 +582,7 @@ def _add_eval(commands) -> None:
     e.add_argument("--model", help="models:/<name>@<alias>, a model directory or a pretraining checkpoint")
     e.add_argument("--data", help="masked/topk/analysis: an `eae data build` directory; lama: probe sources "
                    "(synth:DIR,geonames,countryinfo,wordnet,bsdgames,lama:FILE); typing/relations: a dataset")
-    e.add_argument("--split", help="train, dev or test (default test)")
+    e.add_argument("--split", help="masked, topk, analysis, overlap: train, dev or test (default test)")
     e.add_argument("--ks", help="top-K values, e.g. 1,10,100,all")
     e.add_argument("--qa-model", help="topk: the QA fine-tuned model for QA EM on --qa-data (default: --model)")
     e.add_argument("--qa-data", help="topk: a QA dataset spec (as eae finetune qa --data)")

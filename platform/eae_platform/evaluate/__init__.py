@@ -18,15 +18,24 @@ MODULES = {"masked": "masked", "topk": "topk", "lama": "lama", "typing": "entity
            "relations": "relations", "analysis": "analysis", "overlap": "analysis"}
 
 
+def describe(config) -> str:
+    """The line an evaluation starts with: the task, what it evaluates, its data, and its split
+    where it reads one (lama, typing and relations read no one split: theirs said "(split test)")."""
+    from eae_platform.evaluate.config import SPLIT_TASKS
+
+    what = f"runs {config.runs}" if config.task in ("analysis", "overlap") else f"model {config.model}"
+    data = config.data or config.qa_data  # overlap reads no data: only its runs' predictions
+    return (f"evaluating {config.task}: {what}" + (f", data {data}" if data else "")
+            + (f" (split {config.split})" if config.task in SPLIT_TASKS else ""))
+
+
 def run(config) -> dict:
     """Run config.task; returns its summary ({metrics, run_id, ...})."""
     from eae_platform.progress import say
 
     module = importlib.import_module(f"eae_platform.evaluate.{MODULES[config.task]}")
     runner = getattr(module, "run_overlap" if config.task == "overlap" else "run")
-    what = f"runs {config.runs}" if config.task in ("analysis", "overlap") else f"model {config.model}"
-    data = config.data or config.qa_data  # overlap reads no data: only its runs' predictions
-    say(f"evaluating {config.task}: {what}" + (f", data {data}" if data else "") + f" (split {config.split})")
+    say(describe(config))
     started = time.perf_counter()
     summary = runner(config)
     say(f"evaluated {config.task} in {time.perf_counter() - started:.1f} s")

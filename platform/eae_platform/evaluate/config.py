@@ -21,6 +21,9 @@ from eae_model.config import coerce_fields, section_values
 
 TASKS = ("masked", "topk", "lama", "typing", "relations", "analysis", "overlap")
 SPLITS = ("train", "dev", "test")
+# the tasks that read one split (--split, eval.split): lama reads every probe, typing and relations
+# train on train, choose their threshold on dev and report dev and test
+SPLIT_TASKS = ("masked", "topk", "analysis", "overlap")
 
 
 @dataclass

@@ -10,6 +10,7 @@ time (the union of kernel intervals): the difference is time the GPU waits for t
 """
 
 import argparse
+import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -26,6 +27,10 @@ def main() -> None:
     parser.add_argument("--gaps", type=int, default=25)
     parser.add_argument("--trace", help="write the profiled steps' Chrome trace here")
     args = parser.parse_args()
+    if not torch.cuda.is_available():  # torch's own "Torch not compiled with CUDA enabled" came as a traceback
+        print("profile_step.py needs a CUDA GPU: it profiles the CUDA kernels of a training step "
+              "(memory_impl=triton)", file=sys.stderr)
+        sys.exit(2)
     device = torch.device("cuda")
     config = load_config("paper", overrides=["memory_impl=triton"])
     ids, labels, mentions = make_batch(256, config.max_length, config.num_entities, config.vocab_size, device)

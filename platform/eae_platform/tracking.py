@@ -603,6 +603,9 @@ class Tracker:
         self._q_files: deque[dict] = deque()  # {"type": "artifacts", local_path, artifact_path, staged}
         self._q_models: deque[dict] = deque()  # {"type": "register_model", model_dir, name, alias, ...}
         self._rejected: list[dict] = []
+        # every model version this Tracker registered, in order: {name, alias, version, uri}; one
+        # queued while the store was away is added when it is registered (by a later call or close)
+        self.registered: list[dict] = []
         self._down = False
         self._next_try = 0.0
         self._journal_path: Path | None = None
@@ -1055,6 +1058,7 @@ class Tracker:
             self._call(self._client.set_registered_model_alias, entry["name"], entry["alias"], entry["version"])
         entry["uri"] = (f"models:/{entry['name']}@{entry['alias']}" if entry["alias"]
                         else f"models:/{entry['name']}/{entry['version']}")
+        self.registered.append({k: entry[k] for k in ("name", "alias", "version", "uri")})
 
     def _mark_down(self, exc: BaseException) -> None:
         self._next_try = time.monotonic() + self.retry_interval_s

@@ -309,6 +309,7 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
         report({"step": steps, "dev/em": dev["em"], "dev/oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},
                out_dir)
     tracker.close()
+    summary.update(registered_at_close(tracker, registered))
     if out_dir is not None and not keep:  # registered (or staged by the tracker): the copy is not needed
         shutil.rmtree(out_dir, ignore_errors=True)
     return summary
@@ -338,12 +339,28 @@ def register_qa_model(tracker, config: FinetuneConfig, model_dir: Path, step: in
     for an unreachable store), with an alias also {alias_version, alias_was}."""
     from eae_platform.tracking import alias_version
 
+    before = len(tracker.registered)
     if not config.register_as:
-        return {"model_uri": tracker.register_model(model_dir, REGISTERED_NAME, alias=None, step=step)}
+        uri = tracker.register_model(model_dir, REGISTERED_NAME, alias=None, step=step)
+        return {"model_uri": uri} if len(tracker.registered) > before else {"model_uri": None, "queued": True}
     was = alias_version(tracker.uri, config.register_as, config.alias)
     uri = tracker.register_model(model_dir, config.register_as, config.alias, step=step)
+    if len(tracker.registered) == before:  # queued: the alias has not moved yet
+        return {"model_uri": None, "queued": True, "alias_was": was}
     return {"model_uri": uri, "alias_version": alias_version(tracker.uri, config.register_as, config.alias),
             "alias_was": was}
+
+
+def registered_at_close(tracker, registered: dict) -> dict:
+    """After `tracker.close()`: a registration register_qa_model found queued (the store was
+    away then) and close() then made, as register_qa_model would have said it; {} otherwise.
+    Without it the command printed no `registered:` line for a version that had been registered."""
+    if not registered.get("queued") or not tracker.registered:
+        return {}
+    done = tracker.registered[-1]
+    if done["alias"] is None:
+        return {"model_uri": done["uri"], "queued": False}
+    return {"model_uri": done["uri"], "queued": False, "alias_version": done["version"]}
 
 
 def save_qa_model(model: EaEModel, vocab_dir: Path, out: Path) -> Path:

@@ -420,7 +420,7 @@ def best_trial(done: list[dict]) -> dict:
 def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> dict:
     """The finished sweep: every trial, the selected one (on dev EM), its test EM, its model
     registered."""
-    from eae_platform.finetune.qa import register_qa_model
+    from eae_platform.finetune.qa import register_qa_model, registered_at_close
     from eae_platform.tracking import Tracker
 
     s = space.sweep
@@ -455,6 +455,7 @@ def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> 
         config = space.trial_config({k: best[k] for k in space.grid})
         registered = register_qa_model(child, config, Path(best["checkpoint"]), config.steps)
         child.close()
+        registered.update(registered_at_close(child, registered))
     parent.close()
     return {"name": s.name, "parent_run_id": parent.run_id, "trials": trials, "failed": failed, "best": best,
             "test": test, "storage": str(root / s.name), **registered}

@@ -455,6 +455,8 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     if summary["model"]:
         print(f"model:       {summary['model']}")
     _print_registered(summary)
+    if summary.get("mlflow_unsent"):  # the tracking store went away and did not come back in time
+        print(f"eae: MLflow {summary['mlflow_unsent']}", file=sys.stderr)
     return 0
 
 

@@ -1,8 +1,12 @@
-"""A fine-tuned model whose registration was queued (the tracking server was away when training
-ended) and made when the run closed: eae finetune qa and eae tune print where it went."""
+"""eae finetune qa through a tracking server outage: a registration queued while the server was
+away and made when the run closed is printed (eae tune's too); what the run could not log at all
+is said, with its journal."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +47,32 @@ def test_a_registration_queued_during_an_outage_and_made_at_close_is_reported(
         assert summary["alias_version"] == str(version) == client.get_model_version_by_alias(name, "qa").version
     else:
         assert summary["model_uri"] == f"models:/{name}/{version}"
+
+
+def test_what_a_qa_run_could_not_log_is_said_with_its_journal(synth_pretrained, server, tmp_path):
+    """The tracking server dies mid-run and stays down: eae finetune qa trains to the end (exit
+    0) and says on stderr what MLflow did not get and which journal holds it. The tracker said so
+    only inside the Ray task, whose output the command does not show: the command said nothing."""
+    tmp, _, _ = synth_pretrained
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.url, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eae_platform.cli", "finetune", "qa", "--init", str(tmp / "model"),
+         "--data", f"synth:{tmp / 'world'}", "--max-steps", "600", "--batch-size", "8",
+         "--set", "finetune.log_every=10", "--set", "finetune.run_name=qa-outage"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 10/"):
+                server.kill()  # and it stays down: close() gives up after its 10 s
+                break
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.start()
+    assert proc.returncode == 0, err[-3000:]
+    journals = list(tmp_path.glob("mlflow-unsent-*.jsonl"))
+    assert len(journals) == 1
+    said = [line for line in err.splitlines() if line.startswith("eae: MLflow run ")]
+    assert len(said) == 1 and "NOT logged" in said[0] and f"written to {journals[0]}" in said[0], err[-3000:]

@@ -308,8 +308,11 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
     if report:
         report({"step": steps, "dev/em": dev["em"], "dev/oracle": dev["oracle"], "mlflow_run_id": tracker.run_id},
                out_dir)
-    tracker.close()
+    closed = tracker.close()
     summary.update(registered_at_close(tracker, registered))
+    # what the store did not take, and where it is journaled: the tracker says so in the Ray
+    # task, whose output the command does not show, so the command says it (else nothing did)
+    summary["mlflow_unsent"] = None if closed.ok else str(closed)
     if out_dir is not None and not keep:  # registered (or staged by the tracker): the copy is not needed
         shutil.rmtree(out_dir, ignore_errors=True)
     return summary

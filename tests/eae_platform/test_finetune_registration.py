@@ -57,7 +57,7 @@ def test_what_a_qa_run_could_not_log_is_said_with_its_journal(synth_pretrained, 
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.url, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "eae_platform.cli", "finetune", "qa", "--init", str(tmp / "model"),
-         "--data", f"synth:{tmp / 'world'}", "--max-steps", "600", "--batch-size", "8",
+         "--data", f"synth:{tmp / 'world'}", "--max-steps", "60", "--batch-size", "8",
          "--set", "finetune.log_every=10", "--set", "finetune.run_name=qa-outage"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

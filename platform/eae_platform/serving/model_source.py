@@ -55,9 +55,11 @@ def check_local(model: str, entities: str | None = None) -> None:
 
 def _local_path(model: str) -> Path:
     path = Path(model).expanduser()
+    expected = "expected models:/name@alias, an `eae pretrain --out` directory or a checkpoint directory"
+    if path.is_file():  # "no such directory" for a file that is there sent one looking for a typo
+        raise FileNotFoundError(f"model {model!r}: is a file, not a model directory ({expected})")
     if not path.is_dir():
-        raise FileNotFoundError(f"model {model!r}: no such directory (expected models:/name@alias, "
-                                f"an `eae pretrain --out` directory or a checkpoint)")
+        raise FileNotFoundError(f"model {model!r}: no such directory ({expected})")
     return path
 
 

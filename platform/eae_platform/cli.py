@@ -524,6 +524,8 @@ def _eval(args: argparse.Namespace) -> int:
     if off:
         show(off["metrics"], "memory off: ")
         print(f"MLflow run (memory off, {config.memory_off_run}):  {off['run_id']} in {config.mlflow_uri}")
+    if summary.get("plots"):  # eval analysis: its PNGs are the run's artifacts, said where as other outputs are
+        print(f"plots:       {summary['plots']}  ({', '.join(summary['plot_files'])})")
     print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
     return 0
 

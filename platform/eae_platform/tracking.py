@@ -63,6 +63,8 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import mlflow
 import mlflow.pyfunc
@@ -113,6 +115,13 @@ def _artifact_root(uri: str) -> str | None:
     is a temporary session directory, deleted with the cluster. Servers choose their own."""
     store = sqlite_path(uri)
     return (store.resolve().parent / "mlartifacts").as_uri() if store else None
+
+
+def artifact_location(artifact_uri: str, path: str = "") -> str:
+    """Where a run's artifacts under `path` are: a local directory for a `file:` URI (a SQLite
+    store's mlartifacts next to its database), else the URI itself (mlflow-artifacts:/..., s3://...)."""
+    uri = artifact_uri.rstrip("/") + (f"/{path}" if path else "")
+    return url2pathname(urlparse(uri).path) if uri.startswith("file:") else uri
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -612,6 +621,7 @@ class Tracker:
         self._closed: CloseReport | None = None
 
         self.experiment_id: str | None = None
+        self.artifact_uri: str | None = None  # where its artifacts go (None: resumed, the store unanswering)
         if run_id is None:
             all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
             all_tags[CREATE_REQUEST_TAG] = uuid.uuid4().hex
@@ -630,12 +640,12 @@ class Tracker:
                         ) from exc
                     time.sleep(1.0)
                     retry = True
-            self.run_id = run.info.run_id
+            self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
         else:
             self.run_id = run_id
             try:
                 run = self._call(self._client.get_run, run_id)
-                self.experiment_id = run.info.experiment_id
+                self.experiment_id, self.artifact_uri = run.info.experiment_id, run.info.artifact_uri
                 self._params.update(run.data.params)
                 self._call(self._client.update_run, run_id, "RUNNING")
             except Exception as exc:

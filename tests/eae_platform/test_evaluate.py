@@ -8,6 +8,7 @@ import dataclasses
 import json
 import shutil
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,10 +276,20 @@ def test_analysis_plots_and_overlap_of_two_qa_runs(synth_pretrained, capsys):
     common = ["--runs", "qa-eval-a,qa-eval-b", "--split", "dev", "--set", f"eval.mlflow_uri={uri}"]
     assert cli.main(["eval", "analysis", "--data", str(tmp / "data"), *common, "--set", "eval.bootstrap=200",
                      "--set", "eval.run_name=analysis-world"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
     run = _metrics(uri, "analysis-world")
     client = MlflowClient(uri)
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/answer_frequency.png", "plots/question_mentions.png", "plots/question_length.png"} <= plots
+    # the command says where the plots are (they were only the run's artifacts, found in the UI): this
+    # SQLite store's are a local directory, next to its database
+    pngs = "answer_frequency.png, question_mentions.png, question_length.png, analysis.json"
+    [where] = [line for line in out.splitlines() if line.startswith("plots:")]
+    where, listed = where.removeprefix("plots:").strip().rsplit("  ", 1)
+    assert listed == f"({pngs})", out
+    assert Path(where).is_relative_to(tmp.resolve() / "mlartifacts") and run.info.run_id in Path(where).parts, out
+    assert sorted(p.name for p in Path(where).iterdir()) == sorted(pngs.split(", ")), out
+    assert (Path(where) / "question_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     local = client.download_artifacts(run.info.run_id, "plots/answer_frequency.png")
     assert open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     m = run.data.metrics

@@ -150,6 +150,7 @@ def run(config) -> dict:
     from eae_data.aliases import AliasMatcher
     from eae_data.qa.resolve import AnswerResolver
     from eae_platform.evaluate.common import tracker
+    from eae_platform.tracking import artifact_location
 
     predictions = load_predictions(run_names(config), config.split, config.mlflow_uri)
     if not config.data:
@@ -174,7 +175,9 @@ def run(config) -> dict:
         (Path(tmp) / "analysis.json").write_text(json.dumps(tables, indent=2))
         t.log_artifacts(Path(tmp) / "analysis.json", "plots")
         run_id = t.run_id
-    return {"metrics": metrics, "tables": tables, "run_id": run_id}
+        plots = artifact_location(t.artifact_uri, "plots") if t.artifact_uri else None
+    return {"metrics": metrics, "tables": tables, "run_id": run_id, "plots": plots,
+            "plot_files": [f"{view}.png" for view in tables] + ["analysis.json"]}
 
 
 def overlap(a: list[dict], b: list[dict]) -> dict[str, float]:

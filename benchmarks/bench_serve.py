@@ -245,7 +245,10 @@ def main() -> int:
                   f"p99 {r['p99_ms']:.1f} ms; replacement replica up {killed.get('replaced_after_s', float('nan')):.1f} s after the kill")
             rows.append({"kill": True, **r, "replaced_after_s": killed.get("replaced_after_s")})
     finally:
-        serve.shutdown()
+        # the local cluster ends with it, Serve's controller, proxy and replicas too, as `eae serve`'s
+        # does (serving/cli.py). Not serve.shutdown: its controller kills itself while its
+        # graceful_shutdown task waits, and Ray printed "Task ServeController.graceful_shutdown
+        # failed ... killed by `ray.kill`" as the benchmark's last line.
         ray.shutdown()
     print("\n" + json.dumps({"baseline": baseline, "rows": rows}))
     return 0

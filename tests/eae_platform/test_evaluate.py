@@ -483,26 +483,20 @@ def test_bad_typing_and_relation_data_are_clear_errors(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["lama", "typing", "relations"])
-def test_split_of_a_task_that_reads_no_one_split_is_refused_and_not_announced(tmp_path, task):
+def test_split_of_a_task_that_reads_no_one_split_is_refused_and_not_announced(tmp_path, task, capsys):
     """lama reads every probe, typing and relations train on train, choose on dev and report dev
     and test: `--split dev` was taken and ignored, and the task announced "(split dev)" (or
-    "(split test)" without it) over numbers of no one split. Refused now, as the real `eae` says
-    it, before anything runs; the start line names a split only for the tasks that read one."""
-    import os
-    import subprocess
-    import sys
+    "(split test)" without it) over numbers of no one split. Refused now, as `eae` says it,
+    before anything runs; the start line names a split only for the tasks that read one."""
+    from eae_platform.evaluate import describe
 
     world = tmp_path / "world"
     world.mkdir()
-    done = subprocess.run([sys.executable, "-m", "eae_platform.cli", "eval", task, "--model", str(tmp_path / "model"),
-                           "--data", f"synth:{world},{tmp_path}", "--split", "dev"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.startswith(f"eae: error: --split: eval {task} reads no one split"), done.stderr
-    assert "Traceback" not in done.stderr and "Ray" not in done.stdout + done.stderr
-    from eae_platform.evaluate import describe
-
+    code = cli.main(["eval", task, "--model", str(tmp_path / "model"), "--data", f"synth:{world},{tmp_path}",
+                     "--split", "dev"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"eae: error: --split: eval {task} reads no one split"), err
+    assert "Traceback" not in err
     config = load_eval_config(task=task, model="runs/models/eae", data=f"synth:{world}")
     assert "(split" not in describe(config), describe(config)
     for reads_one in ("masked", "topk"):

@@ -63,8 +63,6 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 import mlflow
 import mlflow.pyfunc
@@ -72,6 +70,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
+from mlflow.utils.file_utils import local_file_uri_to_path
 
 # Applied by fail_fast() (a Tracker's creation, `eae compare`'s lookups; the user's values win).
 # MLflow's defaults (7 retries, backoff factor 2, 120 s timeout) make one call to a dead server
@@ -121,7 +120,7 @@ def artifact_location(artifact_uri: str, path: str = "") -> str:
     """Where a run's artifacts under `path` are: a local directory for a `file:` URI (a SQLite
     store's mlartifacts next to its database), else the URI itself (mlflow-artifacts:/..., s3://...)."""
     uri = artifact_uri.rstrip("/") + (f"/{path}" if path else "")
-    return url2pathname(urlparse(uri).path) if uri.startswith("file:") else uri
+    return local_file_uri_to_path(uri) if uri.startswith("file:") else uri
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,14 +38,44 @@ def _stage(name, env, *args):
                           capture_output=True, text=True, timeout=900)
 
 
-def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp_path, monkeypatch):
+def _side_by_side(*calls):
+    """Each call (a function and its arguments: _stage or _tables) at once, their results in
+    order: commands that read what others read and write nothing another reads, whose seconds
+    are mostly imports and Ray's scheduling, run together as a user would run them."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(*call) for call in calls]]
+
+
+@pytest.fixture(scope="module")
+def world_300r2(ray_cluster, tmp_path_factory):
+    """A study holding the 300r2 world data.sh built (worlds/w300r2, data/w300r2: --renderings
+    2, --paragraph-contexts), once for the tests of this module that pretrain on it: each copies
+    it into a study of its own (_with_world), where data.sh finds it built."""
+    study = tmp_path_factory.mktemp("world300r2") / "study"
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(study),
+           "WORLDS": "300r2", "EAE_CMD": f"{sys.executable} -m eae_platform.cli"}
+    built = _stage("data", env)
+    assert built.returncode == 0 and (study / "data" / "w300r2" / "manifest.json").is_file(), built.stdout + built.stderr
+    return study
+
+
+def _with_world(world, study):
+    """STUDY, a fresh study holding the world world_300r2 built (a copy: a test's study is its own)."""
+    for part in ("worlds", "data"):
+        shutil.copytree(world / part, study / part)
+    return study
+
+
+def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, world_300r2, tmp_path, monkeypatch):
+    _with_world(world_300r2, tmp_path / "study")  # data.sh's build of the world (world_300r2): this run of it skips it
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
            "WORLDS": "300r2", "SEEDS": "0", "STEPS": "20", "LOG_EVERY": "10", "BATCH": "16", "QA_STEPS": "10", "QA_BATCH": "16",
            "PROBES": "20", "TOPK": "", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli",
            "MEMORY_LR_SCALE": "2", "MEMORY_LAYER_NORM": "false", "MEMORY_EL_WEIGHT": "0.5", "MEMORY_QUERY_DETACHED": "true",
            "PAD_MULTIPLE": "16",
            "SHUFFLE_ROWS": "false"}
-    assert _stage("data", env).returncode == 0
+    data = _stage("data", env)
+    assert data.returncode == 0 and "world 300r2: " in data.stdout and " exists" in data.stdout, data.stdout + data.stderr
     # a deadline already past (STOP_AT, train.deadline): every cell pauses at its first log
     # window (step 10), and the stage exits 10; run again, each continues from there
     paused = _stage("pretrain", {**env, "STOP_AT": str(int(time.time()))})
@@ -62,8 +93,9 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert qa.returncode == 0 and qa.stdout.count("test: EM") == 2, qa.stdout + qa.stderr
     # another QA recipe for No-EaE's model, a study of its own reading this one's world, data and
     # model (FROM_STUDY): its store holds the QA run only, tuned from this study's model
+    # (side by side with this study's evaluations, checked below: both only read its models)
     again = {**env, "STUDY": str(tmp_path / "qa3e-4"), "FROM_STUDY": str(tmp_path / "study"), "VARIANTS": "no_eae", "QA_LR": "3e-4"}
-    qa = _stage("finetune", again)
+    qa, evaluated = _side_by_side((_stage, "finetune", again), (_stage, "eval", env))
     assert qa.returncode == 0 and qa.stdout.count("test: EM") == 1, qa.stdout + qa.stderr
     from mlflow.tracking import MlflowClient
 
@@ -82,7 +114,6 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert [r.data.params["train.pad_multiple"] for r in pre] == ["16"], pre
     model = json.loads((tmp_path / "study" / "models" / "w300r2-small-eae-s0" / "config.json").read_text())
     assert model["memory_layer_norm"] is False and model["weight_memory_el"] == 0.5 and model["memory_query_detached"] is True, model
-    evaluated = _stage("eval", env)
     assert evaluated.returncode == 0 and evaluated.stdout.count("lama/synth/stated/entity_accuracy") == 2, evaluated.stdout
     # EaE's probes with its memory's output zeroed come from its lama process (eval.memory_off_run)
     eae_lama = (tmp_path / "study" / "logs" / "lama-w300r2-small-eae-s0.log").read_text()
@@ -90,7 +121,8 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     assert not list((tmp_path / "study" / "logs").glob("lama-off-*")), eae_lama
     archive = tmp_path / "stores.tar.xz"
     assert _stage("collect", env, str(archive)).returncode == 0
-    tables = _tables(archive, "--figure", tmp_path / "regime.svg", "--versus", archive)
+    tables, missing = _side_by_side((_tables, archive, "--figure", tmp_path / "regime.svg", "--versus", archive),
+                                    (_tables, archive, "--versus", tmp_path / "no.tar.xz"))
     assert tables.returncode == 0, tables.stderr
     out = tables.stdout
     # settings from the runs: 300 entities, the small transformer's 396,544 layer parameters
@@ -126,7 +158,6 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, tmp
     gap = out.split("### EaE − No-EaE")[1]
     assert "| 300, facts stated 2x | small |" in gap and "(n=1)" in gap  # one seed: a gap without an interval
     assert (tmp_path / "regime.svg").stat().st_size > 1000
-    missing = _tables(archive, "--versus", tmp_path / "no.tar.xz")
     assert missing.returncode == 2 and "no such store: " in missing.stderr and "Traceback" not in missing.stderr, missing.stderr
     # --versus: each model against itself in the other stores (here the same archive: gaps of 0)
     versus = out.split("### The same model and seed, these stores − stores.tar.xz")[1].split("###")[0]
@@ -403,7 +434,13 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
                     client.log_metric(run.info.run_id, "lama/synth/stated/available", 40000.0 if world else 10000.0)
                 client.set_terminated(run.info.run_id, "FINISHED")
         stores.append(str(store))
-    tables = _tables("--best-recipe", *stores, "--figure", tmp_path / "best.svg")
+    rerun_store = tmp_path / "rerun" / "mlruns"  # a rerun of stores[1] (below)
+    shutil.copytree(stores[1], rerun_store)
+    (tmp_path / "empty").mkdir()
+    # the tables read the stores and write nothing another reads: every command below at once
+    tables, mixed, replaced, rerun, empty = _side_by_side(
+        (_tables, "--best-recipe", *stores, "--figure", tmp_path / "best.svg"), (_tables, stores[0], stores[1]),
+        (_tables, stores[1], stores[1], stores[2]), (_tables, stores[1], rerun_store), (_tables, "--best-recipe", tmp_path / "empty"))
     assert tables.returncode == 0, tables.stderr
     assert f"figure: {tmp_path / 'best.svg'} (3 points)" in tables.stdout and (tmp_path / "best.svg").stat().st_size > 0
     assert "medium, table 1x" in (tmp_path / "best.svg").read_text()  # under each point's tick: the picks' table lr
@@ -434,22 +471,18 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     assert row[1] == ("5,000, facts stated 4x → 20,000, facts stated 4x (0.003 → 0.013; 2,000 x 512 / 6,000 x 512 "
                       "→ 6,000 x 512)"), row
     assert row[2] == "+1.0 [-3.2, +5.2] ~ (seeds=3)", row
-    mixed = _tables(stores[0], stores[1])
     assert mixed.returncode == 2 and "more than one recipe" in mixed.stderr, mixed.stderr
     assert f"w5000r4-medium-eae: lr 1e-3 x 2,000 (5% warmup, batch 512, file order) ({stores[0]})" in mixed.stderr, mixed.stderr
     assert f"; lr 3e-4 x 6,000 (5% warmup, batch 512, file order) ({stores[1]})" in mixed.stderr, mixed.stderr
     # a store passed twice (the same runs: silently the later), then every cell of that recipe
     # retrained at another (round 7's MM at a longer warmup): the later store wins, one recipe
     # per model, and the tables say what was replaced
-    replaced = _tables(stores[1], stores[1], stores[2])
     assert replaced.returncode == 0, replaced.stderr
     notices = [line for line in replaced.stdout.splitlines() if "replaced by" in line]
     assert notices == [f"(13 cell(s) of {stores[1]}, pretrained at lr 3e-4 x 6,000 (5% warmup, batch 512, file order), replaced by "
                        f"{stores[2]}'s at lr 3e-4 x 6,000 (5% warmup, batch 512, rows shuffled): a later store's cell wins)"], notices
     # another store of the same cells at the same recipe (a rerun, round 22's EaE): said too
-    rerun_store = tmp_path / "rerun" / "mlruns"
-    shutil.copytree(stores[1], rerun_store)
-    rerun = _tables(stores[1], rerun_store)
+    # (rerun_store: a copy of stores[1])
     assert rerun.returncode == 0, rerun.stderr
     notices = [line for line in rerun.stdout.splitlines() if "replaced by" in line]
     assert notices == [f"(13 cell(s) of {stores[1]} replaced by {rerun_store}'s rerun at the same recipe, "
@@ -460,8 +493,7 @@ def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test
     settings = {r.strip(" |").split(" | ")[0]: r.strip(" |").split(" | ")[4] for r in settings.splitlines() if r.startswith("| ") and "," in r}
     assert (rows["common seeds"]["facts / param"], big[0]["facts / param"]) == ("0.003", "0.013") == (
         settings["5,000, facts stated 4x"], settings["20,000, facts stated 4x"]), (rows, settings)
-    (tmp_path / "empty").mkdir()  # stores without a QA run: a clear error, exit 2
-    empty = _tables("--best-recipe", tmp_path / "empty")
+    # (tmp_path / "empty") stores without a QA run: a clear error, exit 2
     assert empty.returncode == 2 and "no cell in these stores has a QA run" in empty.stderr, empty.stderr
 
 
@@ -518,7 +550,10 @@ def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote
     _log_cell(again, "w5000r4-medium-eae-s7", {"qa-w5000r4-medium-eae-s7": (
         {"finetune.lr": "0.0003", "finetune.max_steps": "600", "finetune.init": "/tmp/r9/models/w5000r4-medium-eae-s7"},
         {"dev/em": 0.9, "test/em": 0.9})})
-    tables = _tables("--best-recipe", study, again, "--figure", tmp_path / "best.svg")
+    # the tables read the stores and write nothing another reads: every command below at once
+    tables, one, nodata = _side_by_side((_tables, "--best-recipe", study, again, "--figure", tmp_path / "best.svg"),
+                                        (_tables, study, again),
+                                        (_tables, study, "--answer-frequency", f"5000r4={tmp_path / 'nodata'}"))
     assert tables.returncode == 0, tables.stderr
     assert "medium, table 10x" in (tmp_path / "best.svg").read_text()  # both picks train the table at 10x
     assert "(1 cell(s) of QA runs only left out: no store given holds one pretraining run that wrote the model" in tables.stdout
@@ -541,7 +576,6 @@ def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote
     # the one-recipe tables of the study with the QA-only store after it: its QA runs in place of
     # the study's (EaE 40, 42, 44 − No-EaE 5: gaps 35, 37, 39, mean 37, sd 2, half-width
     # 4.303 x 2 / sqrt 3 = 5.0), the pretraining's evaluations kept; the unlinked cell is left out
-    one = _tables(study, again)
     assert one.returncode == 0, one.stderr
     assert f"(15 cell(s) of {again}: QA runs only, each in place of the QA run of the cell whose pretraining wrote its model)" in one.stdout, one.stdout
     assert f"(1 cell(s) of {again} left out: QA runs only, and no earlier store holds the pretraining run" in one.stdout, one.stdout
@@ -551,7 +585,6 @@ def test_best_recipe_takes_a_store_of_qa_runs_only_to_the_pretraining_that_wrote
     assert (row["QA test EM"], row["fact recall, facts pretraining read"]) == (
         "+37.0 [+32.0, +42.0] ✓ (seeds=3)", "+0.0 [+0.0, +0.0] ~ (seeds=3)"), row
     # Figure 3 from a directory without the world's shards: a clear error before any table
-    nodata = _tables(study, "--answer-frequency", f"5000r4={tmp_path / 'nodata'}")
     assert nodata.returncode == 2 and f"no train shards under 5000r4={tmp_path / 'nodata'}" in nodata.stderr, nodata.stderr
     assert "Traceback" not in nodata.stderr and nodata.stdout == "", (nodata.stdout, nodata.stderr)
 
@@ -671,27 +704,31 @@ def test_pretraining_a_world_without_its_data_is_refused_before_any_cell_starts(
     assert "Traceback" not in done.stderr and not (tmp_path / "study" / "logs" / "pretrain-w300r2-small-eae-s0.log").exists()
 
 
-@pytest.mark.parametrize("init", ["true", "false"])
-def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, tmp_path, monkeypatch, init):
+def test_the_minilm_size_starts_its_cells_from_the_shipped_encoder(ray_cluster, world_300r2, tmp_path, monkeypatch):
     """SIZES=minilm: pretrain.sh launches the cell with train.init_encoder=minilm (size_set),
     as its MLflow run's params record; INIT_ENCODER=false trains the same shape from scratch,
-    which the tables name as a recipe of its own."""
+    which the tables name as a recipe of its own. The two studies pretrain side by side, on the
+    world data.sh built once (world_300r2)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the cells' stores are file stores
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "STUDY": str(tmp_path / "study"),
-           "WORLDS": "300r2", "SIZES": "minilm", "VARIANTS": "eae", "SEEDS": "0", "STEPS": "2", "LOG_EVERY": "1",
-           "BATCH": "4", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli", "MLFLOW_ALLOW_FILE_STORE": "true",
-           "INIT_ENCODER": init}
-    assert _stage("data", env).returncode == 0
-    done = _stage("pretrain", env)
-    assert done.returncode == 0 and "w300r2-minilm-eae-s0: finished at step 2" in done.stdout, done.stdout + done.stderr
-    client = MlflowClient(f"file://{tmp_path / 'study' / 'mlruns' / 'w300r2-minilm-eae-s0'}")
-    run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
-    assert run.data.params["train.init_encoder"] == ("minilm" if init == "true" else "null")
-    assert run.data.params["model.hidden_size"] == "384"
-    label = _results_tables().settings_label(run.data.params)
-    assert label == ("" if init == "true" else ", from scratch"), label
+    inits = ("true", "false")
+    envs = {init: {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address,
+                   "STUDY": str(_with_world(world_300r2, tmp_path / init / "study")),
+                   "WORLDS": "300r2", "SIZES": "minilm", "VARIANTS": "eae", "SEEDS": "0", "STEPS": "2", "LOG_EVERY": "1",
+                   "BATCH": "4", "DEVICE": "cpu", "EAE_CMD": f"{sys.executable} -m eae_platform.cli",
+                   "MLFLOW_ALLOW_FILE_STORE": "true", "INIT_ENCODER": init} for init in inits}
+    done = dict(zip(inits, _side_by_side(*[(_stage, "pretrain", envs[init]) for init in inits])))
+    tables = _results_tables()
+    for init in inits:
+        assert done[init].returncode == 0 and "w300r2-minilm-eae-s0: finished at step 2" in done[init].stdout, (
+            init, done[init].stdout + done[init].stderr)
+        client = MlflowClient(f"file://{tmp_path / init / 'study' / 'mlruns' / 'w300r2-minilm-eae-s0'}")
+        run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+        assert run.data.params["train.init_encoder"] == ("minilm" if init == "true" else "null"), init
+        assert run.data.params["model.hidden_size"] == "384", init
+        label = tables.settings_label(run.data.params)
+        assert label == ("" if init == "true" else ", from scratch"), (init, label)
 
 
 def test_an_init_encoder_other_than_true_or_false_is_refused_before_any_stage_starts(tmp_path):

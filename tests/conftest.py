@@ -67,6 +67,28 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def new_mlflow_store(tmp_path_factory):
+    """new(path) -> its URI, sqlite:///path: a new, empty MLflow store there (the directory made
+    if need be), a copy of one made once per test session. MLflow makes a new SQLite store's
+    tables through its schema migrations, ~2 s (4-5 s on the loaded 2-core CI machine), in each
+    process that opens one; a copy is the same empty store (the experiments eae makes in it
+    later put their artifacts next to the copy, not the original)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{template}").search_experiments()  # creates the tables
+
+    def new(path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+
+    return new
+
+
+@pytest.fixture(scope="session")
 def synth_world(ray_cluster, tmp_path_factory):
     """A dir holding a 300-entity synthetic world, world/ (its dump and questions), built into
     data/ (shards and entity vocabulary). The build runs Ray Data: on the tests' cluster, or it
@@ -82,7 +104,7 @@ def synth_world(ray_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def synth_pretrained(synth_world):
+def synth_pretrained(synth_world, new_mlflow_store):
     """(dir, pretraining summary, sqlite URI): tiny EaE pretrained with Ray Train (1 worker,
     150 steps) on synth_world, whose dir it adds model/ (the model directory) and mlflow.db to,
     where the model is registered as models:/eae-world@pretrained. Shared by the QA and
@@ -94,7 +116,7 @@ def synth_pretrained(synth_world):
 
     tmp = synth_world
     num_entities = json.loads((tmp / "data" / "manifest.json").read_text())["counts"]["entities"]
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = new_mlflow_store(tmp / "mlflow.db")
     config = load_pretrain_config(None, [
         f"model.num_entities={num_entities}", "model.max_length=128", f"train.data={tmp / 'data'}",
         f"train.storage_path={tmp / 'ray'}", "train.name=world", "train.batch_size=32", "train.max_steps=150",

@@ -157,10 +157,13 @@ def test_the_workers_placement_is_pack_unless_set_and_an_unknown_one_is_refused(
         load_pretrain_config(preset="tiny", overrides=["train.placement_strategy=spread"])
 
 
-def _losses(uri: str) -> dict[int, float]:
-    """{step: train/loss} of the one run in the store's eae-pretrain experiment."""
+def _losses(uri: str, name: str) -> dict[int, float]:
+    """{step: train/loss} of the one run named `name` in the store's eae-pretrain experiment (the
+    reference run's store also holds the runs that test_pretrain.py and test_pretrain_storage.py
+    resume in it)."""
     client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id],
+                                f"attributes.run_name = '{name}'")
     assert run.info.status == "FINISHED"
     return {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}
 
@@ -200,7 +203,8 @@ def test_pretraining_over_two_nodes_equals_the_one_node_run(uninterrupted, wiki,
     for rank in (0, 1):
         got, want = trace_records(tmp_path / "ray" / "two-nodes", rank), trace_records(plain_tmp / "ray" / "plain", rank)
         assert [(r["step"], r["ids"]) for r in got] == [(r["step"], r["ids"]) for r in want]
-    losses, reference = _losses(f"sqlite:///{tmp_path / 'mlflow.db'}"), _losses(plain_config.train.mlflow_uri)
+    losses = _losses(f"sqlite:///{tmp_path / 'mlflow.db'}", "two-nodes")
+    reference = _losses(plain_config.train.mlflow_uri, "plain")
     assert sorted(losses) == WINDOWS and losses == pytest.approx(reference, rel=1e-6, abs=0)
 
     # each rank wrote its half of E's rows, the one-node run's rank's half
@@ -263,7 +267,8 @@ def test_a_node_killed_mid_pretraining_resumes_from_its_last_checkpoint_once_a_n
         assert [r["step"] for r in new] == list(range(resumed, STEPS)), rank
         want = {r["step"]: r["ids"] for r in trace_records(plain_tmp / "ray" / "plain", rank)}
         assert {r["step"]: r["ids"] for r in records} == want  # the last record of a redone step wins
-    losses, reference = _losses(f"sqlite:///{tmp_path / 'mlflow.db'}"), _losses(plain_config.train.mlflow_uri)
+    losses = _losses(f"sqlite:///{tmp_path / 'mlflow.db'}", "node-lost")
+    reference = _losses(plain_config.train.mlflow_uri, "plain")
     assert sorted(losses) == WINDOWS and losses == pytest.approx(reference, rel=1e-6, abs=0)
     # the driver's progress channel lived on the driver's node (the head): on the killed node it
     # died with it, and the workers' next progress line failed the run (a CI run)

@@ -129,11 +129,15 @@ def test_a_paused_then_killed_run_resumes_each_time_with_exactly_the_same_exampl
        (not at step 0: each launch's trace lines are read apart from the earlier ones').
     All three are one MLflow run, which ends FINISHED, with the uninterrupted run's examples
     and weights."""
-    plain_tmp, _, plain = uninterrupted
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    plain_tmp, plain_config, plain = uninterrupted
+    # the reference run's MLflow store: its tables exist (a new SQLite store takes ~2 s to create
+    # them); this run is the one named "stopped" there
+    store = plain_config.train.mlflow_uri
+    client = MlflowClient(store)
 
     def relaunch(**train):
-        return run(pretrain_config(wiki, tmp_path, "stopped", out=str(tmp_path / "model"), register_as="", **train))
+        return run(pretrain_config(wiki, tmp_path, "stopped", out=str(tmp_path / "model"), register_as="",
+                                   mlflow_uri=store, **train))
 
     def records():
         return {rank: trace_records(tmp_path / "ray" / "stopped", rank) for rank in (0, 1)}
@@ -150,7 +154,8 @@ def test_a_paused_then_killed_run_resumes_each_time_with_exactly_the_same_exampl
     paused = relaunch(time_budget_s=1e-6)
     assert paused["paused_at_step"] == 4 and paused["model"] is None and not (tmp_path / "model").exists()
     assert [r["step"] for r in trace_records(tmp_path / "ray" / "stopped", 0)] == [0, 1, 2, 3]
-    (first,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id])
+    (first,) = client.search_runs([client.get_experiment_by_name("eae-pretrain").experiment_id],
+                                  "attributes.run_name = 'stopped'")
     assert first.info.status == "KILLED" and first.data.tags["eae.paused_at_step"] == "4"
 
     before = records()
@@ -274,7 +279,7 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
     assert client.get_model_version_by_alias("eae-outage", "pretrained").run_id == r.info.run_id
 
 
-def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp_path):
+def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, new_mlflow_store, tmp_path):
     """`eae pretrain` (as `ray job submit -- python jobs/pretrain.py` runs it) stopped mid-run by
     Ctrl-C (SIGINT, which Ray Train answers by aborting its workers and sys.exit) and, in a
     second job beside it, by `ray job stop` (SIGTERM, which Ray's driver turns into sys.exit):
@@ -287,7 +292,7 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
     from eae_platform.pretrain.job import last_checkpoint_state
 
     def start(name):
-        uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
+        uri = new_mlflow_store(tmp_path / name / "mlflow.db")  # its own store, its tables made
         # one worker each: two jobs' workers and their data reads fit the session's 2 CPUs
         command = [sys.executable, "jobs/pretrain.py", "--preset", "tiny", "--data", str(wiki), "--name", name,
                    "--address", ray_cluster.get_runtime_context().gcs_address, "--max-steps", "400",
@@ -299,7 +304,6 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
                                  f"train.checkpoint_every={4 if name == 'ctrl-c' else 100}",
                                  "train.eval_batches=2", f"train.mlflow_uri={uri}")
                      for x in ("--set", o))]
-        (tmp_path / name).mkdir()
         job = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
         return job, uri, tmp_path / name / "ray" / name / "examples-rank0.jsonl", name
@@ -315,7 +319,7 @@ def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, tmp
                 job.send_signal(sig)
                 del waiting[sig]
         assert time.time() < deadline, "the pretraining never got to step 3"
-        time.sleep(0.5)
+        time.sleep(0.1)
     out_of, run_of = {}, {}
     for sig, (job, uri, _, name) in jobs.items():
         out, _ = job.communicate(timeout=120)

@@ -1,7 +1,8 @@
 """The pretraining run that several modules compare against: 2 workers with the sharded entity
 table, 12 steps of the tiny preset on the gensim Wikipedia sample, once per test session
 (test_pretrain.py resumes and crashes runs against it; test_multinode.py runs it over two nodes;
-test_pretrain_storage.py on a failing disk), and the example traces that compare them."""
+test_pretrain_storage.py on a failing disk; test_log.py's `eae pretrain` runs read its data),
+and the example traces that compare them."""
 
 import json
 import signal

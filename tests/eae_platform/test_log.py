@@ -8,19 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from eae_platform.preprocess.build import build, embedded_settings
-
 EAE = Path(sys.executable).parent / "eae"
 RAY_INTERNALS = ("TrainingReport(", "Execution plan", "RayTrainWorker", "TrainController", "PlacementGroupCleaner")
 
-
-@pytest.fixture(scope="module")
-def wiki(ray_cluster, tmp_path_factory):
-    out = tmp_path_factory.mktemp("wiki")
-    build(embedded_settings(str(out), entities=1000, shard_rows=500))
-    return out
+# wiki: the session's gensim sample (tests/eae_platform/conftest.py), built once for every
+# module that pretrains on it
 
 
 def _pretrain(wiki, tmp, *extra):
@@ -34,7 +26,8 @@ def _pretrain(wiki, tmp, *extra):
         capture_output=True, text=True, timeout=300, cwd=tmp, env=env)
 
 
-def test_a_pretraining_prints_each_progress_line_once_and_no_ray_internals(wiki, tmp_path):
+def test_a_pretraining_prints_each_progress_line_once_and_no_ray_internals(wiki, new_mlflow_store, tmp_path):
+    new_mlflow_store(tmp_path / "mlflow.db")  # the store _pretrain names, its tables made
     result = _pretrain(wiki, tmp_path)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out

@@ -230,6 +230,12 @@ grid: {{lr: [1.0e-3, 3.0e-4], batch_size: [16, 32]}}
     assert all(c.info.status == "FINISHED" for c in children)
 
 
+def _listed_trials(out: str) -> list[tuple[str, str]]:
+    """(trial, status's first word) of each row of the trials table `eae tune` prints, in order."""
+    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ") and not line.startswith("| trial |")]
+    return [(row[0].strip(), row[-1].split(":")[0].strip()) for row in rows]
+
+
 def test_failed_trial_is_reported_and_rerun_by_resume_through_optuna(synth_pretrained, tmp_path, capsys):
     """The model and the registered name are given on the first command line only: --resume
     continues with them (it read its command line, and failed "no model to fine-tune")."""
@@ -246,6 +252,8 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     assert "registered:  models:/eae-qa-swept@qa -> version 1 (new alias)" in captured.out
     assert "failed: RuntimeError: crash_once_file" in captured.err
     assert captured.out.count("| FAILED:") == 1 and captured.out.count("| selected |") == 1
+    listed = _listed_trials(captured.out)
+    assert len(listed) == 2 and listed[0][1] == "FAILED"  # in the order Tune created them (the first failed)
     first = json.loads((tmp_path / "tune" / "crash" / "sweep.json").read_text())
     parent = MlflowClient(uri).get_run(first["parent_run_id"])
     assert parent.data.metrics["sweep/failed"] == 1 and "crash_once_file" in parent.data.tags["eae.failed_trials"]
@@ -256,6 +264,8 @@ grid: {{lr: [1.0e-3, 3.0e-4]}}
     assert cli.main(["tune", "--space", str(path), "--resume"]) == 0
     out = capsys.readouterr().out
     assert "FAILED" not in out and out.count("| ok |") + out.count("| selected |") == 2
+    # the same trials in the same order: Tune restores them newest result first, and they were listed reversed
+    assert [trial for trial, _ in _listed_trials(out)] == [trial for trial, _ in listed], (listed, out)
     assert "registered:  models:/eae-qa-swept@qa -> version 2 (moved from version 1)" in out
     parent = MlflowClient(uri).get_run(first["parent_run_id"])  # the same parent run
     assert parent.data.metrics["sweep/failed"] == 0 and parent.data.metrics["sweep/finished"] == 2

@@ -417,6 +417,18 @@ def best_trial(done: list[dict]) -> dict:
     return max(sorted(done, key=lambda t: t["trial"]), key=lambda t: t["dev_em"])
 
 
+def _created(result) -> float:
+    """A trial's place in the order Tune created the sweep's trials, which a fresh sweep's results
+    follow: the number its experiment tag starts with (`2_lr=0.0010`, in its last result once it
+    reported, and in its directory's name, `trial_<id>_2_lr=0.0010_<date>`, before). A restored
+    sweep's results come in another order (Tune requeues its trials newest result first), and
+    `eae tune --resume` listed the trials reversed."""
+    metrics = result.metrics or {}
+    tag = metrics.get("experiment_tag") or Path(result.path).name.partition(f"_{metrics.get('trial_id')}_")[2]
+    number = str(tag).partition("_")[0]
+    return int(number) if number.isdigit() else math.inf
+
+
 def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> dict:
     """The finished sweep: every trial, the selected one (on dev EM), its test EM, its model
     registered."""
@@ -426,7 +438,7 @@ def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> 
     s = space.sweep
     experiment = space.finetune["experiment"]
     trials, failed = [], []
-    for r in results:
+    for r in sorted(results, key=_created):  # a restored sweep's come newest first: listed as a fresh one's
         params = {k: r.config.get(k) for k in space.grid}
         row = {"trial": (r.metrics or {}).get("trial_id") or Path(r.path).name, **params,
                "dev_em": r.metrics.get(METRIC) if r.metrics else None,

@@ -455,9 +455,17 @@ def _finetune_qa(args: argparse.Namespace) -> int:
     if summary["model"]:
         print(f"model:       {summary['model']}")
     _print_registered(summary)
-    if summary.get("mlflow_unsent"):  # the tracking store went away and did not come back in time
-        print(f"eae: MLflow {summary['mlflow_unsent']}", file=sys.stderr)
+    _print_unsent(summary)
     return 0
+
+
+def _print_unsent(summary: dict) -> None:
+    """What a command's MLflow run (or runs: a list) could not log, and the journal that holds
+    it, on stderr: the tracking store went away and did not come back in time. The tracker says
+    so inside the Ray task, whose output the command does not show."""
+    unsent = summary.get("mlflow_unsent") or []
+    for text in [unsent] if isinstance(unsent, str) else unsent:
+        print(f"eae: MLflow {text}", file=sys.stderr)
 
 
 def _add_finetune(commands) -> None:
@@ -527,6 +535,7 @@ def _eval(args: argparse.Namespace) -> int:
     if summary.get("plots"):  # eval analysis: its PNGs are the run's artifacts, said where as other outputs are
         print(f"plots:       {summary['plots']}  ({', '.join(summary['plot_files'])})")
     print(f"MLflow run:  {summary['run_id']} in {config.mlflow_uri}")
+    _print_unsent(summary)
     return 0
 
 

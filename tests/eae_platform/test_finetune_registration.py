@@ -1,20 +1,23 @@
 """eae finetune qa through a tracking server outage: a registration queued while the server was
 away and made when the run closed is printed (eae tune's too); what the run could not log at all
-is said, with its journal."""
+is said, with its journal (eae eval's too)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from eae_platform import cli
 from eae_platform.finetune.config import FinetuneConfig
 from eae_platform.finetune.qa import register_qa_model, registered_at_close
-from eae_platform.tracking import Tracker
+from eae_platform.tracking import Tracker, read_unsent, replay_unsent
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +79,35 @@ def test_what_a_qa_run_could_not_log_is_said_with_its_journal(synth_pretrained, 
     assert len(journals) == 1
     said = [line for line in err.splitlines() if line.startswith("eae: MLflow run ")]
     assert len(said) == 1 and "NOT logged" in said[0] and f"written to {journals[0]}" in said[0], err[-3000:]
+
+
+def test_what_an_evaluation_could_not_log_is_said_with_its_journal(synth_pretrained, server, capsys):
+    """The tracking server dies while eae eval typing trains its classifier, and stays down until
+    the evaluation is over: it ends (exit 0) and says on stderr, as eae finetune qa does, what
+    MLflow did not get and which journal holds it; the journal sends it once the server is back.
+    It said nothing: the tracker's own line stayed in the Ray task, whose output is not shown."""
+    tmp, _, _ = synth_pretrained
+    name, client, done = "typing-outage", MlflowClient(server.url), threading.Event()
+
+    def kill_once_the_run_is_open():  # the evaluation's run created: its metrics and its end are to come
+        while not done.is_set():
+            experiment = client.get_experiment_by_name("eae-eval")
+            if experiment and client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'"):
+                server.kill()
+                return
+            time.sleep(0.1)
+
+    with server.outage(kill_once_the_run_is_open, done, join_s=60):  # started again after the block
+        assert cli.main(["eval", "typing", "--model", str(tmp / "model"), "--data", f"synth:{tmp / 'world'},{tmp / 'data'}",
+                         "--set", f"eval.mlflow_uri={server.url}", "--set", f"eval.run_name={name}",
+                         "--set", "eval.steps=200", "--set", "eval.batch_size=16", "--set", "eval.max_examples=300"]) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("eae: MLflow run ")]
+    assert len(said) == 1 and "NOT logged" in said[0] and "the final status FINISHED" in said[0], err[-3000:]
+    journal = Path(said[0].partition("; written to ")[2].partition(" (send later")[0])
+    _, records = read_unsent(journal)
+    assert any(r.get("key") == "test/micro_f1" for r in records), records
+    run_id = said[0].removeprefix("eae: MLflow run ").partition(" ")[0]
+    assert replay_unsent(journal).ok and not journal.exists()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and "test/micro_f1" in run.data.metrics

@@ -30,13 +30,17 @@ def describe(config) -> str:
 
 
 def run(config) -> dict:
-    """Run config.task; returns its summary ({metrics, run_id, ...})."""
+    """Run config.task; returns its summary ({metrics, run_id, ..., mlflow_unsent})."""
+    from eae_platform.evaluate import common
     from eae_platform.progress import say
 
     module = importlib.import_module(f"eae_platform.evaluate.{MODULES[config.task]}")
     runner = getattr(module, "run_overlap" if config.task == "overlap" else "run")
     say(describe(config))
     started = time.perf_counter()
+    common.unsent()  # none of an earlier evaluation in this process
     summary = runner(config)
     say(f"evaluated {config.task} in {time.perf_counter() - started:.1f} s")
+    # what its MLflow runs (with eval.memory_off_run, two) could not log, for the command to say
+    summary["mlflow_unsent"] = common.unsent()
     return summary

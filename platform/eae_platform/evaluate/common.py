@@ -39,12 +39,27 @@ def silence_memory(model: EaEModel, name: str = "the model") -> torch.utils.hook
     return model.entity_memory.project_value.register_forward_hook(lambda module, args, out: torch.zeros_like(out))
 
 
+# the trackers tracker() opened in this process since unsent() last read them
+_opened: list = []
+
+
 def tracker(config: EvalConfig, extra_tags: dict | None = None, model_config=None):
     """The evaluation's MLflow run, tagged eae.task=eval/<task>, with the whole config logged."""
     from eae_platform.tracking import Tracker
 
     t = Tracker(config.experiment, run_name=config.run_name or f"eval-{config.task}", uri=config.mlflow_uri,
                 tags={"eae.task": f"eval/{config.task}", **(extra_tags or {})})
+    _opened.append(t)
     t.log_config({**config.to_dict(), **({"model": model_config.to_dict()} if model_config else {})})
     return t
+
+
+def unsent() -> list[str]:
+    """What the runs tracker() opened since the last call could not log, each as its tracker's
+    CloseReport says it (what, and the journal that holds it); [] when the store took everything.
+    The tracker prints it in the Ray task, whose output the command does not show: `eae eval`
+    said nothing of metrics lost to a tracking server that went away."""
+    reports = [t.close() for t in _opened]  # each closed by its `with` already: close() gives its report
+    _opened.clear()
+    return [str(r) for r in reports if not r.ok]
 

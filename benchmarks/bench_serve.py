@@ -171,10 +171,17 @@ def main() -> int:
     args = parser.parse_args()
     threads = max(1, round(args.cpus_per_replica))
 
+    import logging
+
     import ray
     from ray import serve
 
     from eae_platform.serving.app import build_app
+
+    # Serve's driver-side INFO lines ("Deleting app", "Connecting to existing Serve app ... will
+    # not be applied", "Application ... is ready") came between the phases' tables: kept at
+    # WARNING, as `eae serve` keeps them without --verbose
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     t0 = time.monotonic()

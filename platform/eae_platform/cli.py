@@ -460,11 +460,10 @@ def _finetune_qa(args: argparse.Namespace) -> int:
 
 
 def _print_unsent(summary: dict) -> None:
-    """What a command's MLflow run (or runs: a list) could not log, and the journal that holds
-    it, on stderr: the tracking store went away and did not come back in time. The tracker says
-    so inside the Ray task, whose output the command does not show."""
-    unsent = summary.get("mlflow_unsent") or []
-    for text in [unsent] if isinstance(unsent, str) else unsent:
+    """What a command's MLflow runs could not log, and the journal that holds it, on stderr: the
+    tracking store went away and did not come back in time. The tracker says so inside the Ray
+    task, whose output the command does not show."""
+    for text in summary.get("mlflow_unsent", []):
         print(f"eae: MLflow {text}", file=sys.stderr)
 
 

@@ -626,13 +626,16 @@ def test_a_space_or_config_file_that_is_not_yaml_is_named_in_the_error(tmp_path)
         load_finetune_config(config)
 
 
-def test_a_tie_on_dev_em_selects_the_first_trial_by_id_whatever_the_results_order():
-    """Tune lists a restored sweep's results in another order: `eae tune --resume` of a finished
-    synth-grid selected db6ca_00002 where the sweep had selected db6ca_00000 (all three 13.2)."""
+def test_a_tie_on_dev_em_selects_the_first_created_trial():
+    """`_select` lists the trials in the order Tune created them (the grid's; Optuna's suggestions
+    in turn) whatever order Tune returns them in (a restored sweep's come newest first), and a tie
+    goes to the first of them. Not the lowest trial id: Optuna's ids are random."""
     from eae_platform.finetune.sweep import best_trial
 
-    done = [{"trial": "t_00002", "dev_em": 0.132}, {"trial": "t_00001", "dev_em": 0.132},
-            {"trial": "t_00003", "dev_em": 0.1}, {"trial": "t_00000", "dev_em": 0.132}]
-    assert best_trial(done)["trial"] == "t_00000"
-    assert best_trial(list(reversed(done)))["trial"] == "t_00000"
-    assert best_trial(done[:3])["trial"] == "t_00001"
+    grid = [{"trial": "db6ca_00000", "dev_em": 0.132}, {"trial": "db6ca_00001", "dev_em": 0.1},
+            {"trial": "db6ca_00002", "dev_em": 0.132}, {"trial": "db6ca_00003", "dev_em": 0.132}]
+    assert best_trial(grid)["trial"] == "db6ca_00000"
+    assert best_trial(grid[1:])["trial"] == "db6ca_00002"
+    optuna = [{"trial": "e81900a8", "dev_em": 0.05}, {"trial": "f0c1d2e3", "dev_em": 0.132},
+              {"trial": "8f768299", "dev_em": 0.132}]
+    assert best_trial(optuna)["trial"] == "f0c1d2e3"

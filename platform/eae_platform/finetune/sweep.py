@@ -411,10 +411,12 @@ def _end_orphans(parent, status: str) -> None:
 
 
 def best_trial(done: list[dict]) -> dict:
-    """The trial of highest dev EM; ties: the first by trial id (the grid's order). Not the first
-    in Tune's results: after --resume they come in another order, and a finished sweep selected
-    another of its tied trials (and tagged a second child eae.selected)."""
-    return max(sorted(done, key=lambda t: t["trial"]), key=lambda t: t["dev_em"])
+    """The trial of highest dev EM; ties: the first in `done`, which `_select` lists in the order
+    Tune created the trials (the grid's order; Optuna's suggestions in turn). Not by trial id:
+    Optuna's ids are random, so a tie went to a later trial. Not Tune's results order either:
+    after --resume they come in another, and a finished sweep selected another of its tied trials
+    (and tagged a second child eae.selected)."""
+    return max(done, key=lambda t: t["dev_em"])  # max keeps the first of equal keys
 
 
 def _created(result) -> float:
@@ -438,7 +440,8 @@ def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> 
     s = space.sweep
     experiment = space.finetune["experiment"]
     trials, failed = [], []
-    for r in sorted(results, key=_created):  # a restored sweep's come newest first: listed as a fresh one's
+    # A restored sweep's come newest first: listed as a fresh one's (trial id where a tag lacks its number)
+    for r in sorted(results, key=lambda r: (_created(r), (r.metrics or {}).get("trial_id") or Path(r.path).name)):
         params = {k: r.config.get(k) for k in space.grid}
         row = {"trial": (r.metrics or {}).get("trial_id") or Path(r.path).name, **params,
                "dev_em": r.metrics.get(METRIC) if r.metrics else None,

@@ -13,6 +13,7 @@ evaluation, is `progress_line`'s, from the metrics it logs.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -33,13 +34,13 @@ class Channel:
     actor for both: an actor is a process of its own, ~0.5 s to start (2 idle cores)."""
 
     def __init__(self):
-        self.lines: list[str] = []
+        self.lines: list[tuple[str, bool]] = []  # (line, for stderr)
         self.stopped = False
 
-    def put(self, line: str) -> None:
-        self.lines.append(line)
+    def put(self, line: str, err: bool = False) -> None:
+        self.lines.append((line, err))
 
-    def take(self) -> list[str]:
+    def take(self) -> list[tuple[str, bool]]:
         lines, self.lines = self.lines, []
         return lines
 
@@ -71,8 +72,8 @@ def relay(poll_s: float = 0.2):
                 lines = ray.get(channel.take.remote(), timeout=60)
             except Exception:  # noqa: BLE001 - the actor is gone (killed below, or its node died)
                 return
-            for line in lines:
-                print(line, flush=True)
+            for line, err in lines:
+                print(line, file=sys.stderr if err else sys.stdout, flush=True)
             if last:  # one take after the end: a task that outlives the block cannot hold it open
                 return
             if not lines:
@@ -94,14 +95,21 @@ def attach(channel) -> None:
     _channel = channel
 
 
-def say(line: str) -> None:
-    """Show `line` to the user: through the driver's relay when attached, else on stdout."""
+def say(line: str, err: bool = False) -> None:
+    """Show `line` to the user: through the driver's relay when attached, else here; on stdout,
+    or with `err` on stderr (a warning)."""
     if _channel is not None:
         import ray
 
-        ray.get(_channel.put.remote(line))
+        ray.get(_channel.put.remote(line, err))
     else:
-        print(line, flush=True)
+        print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def relayed() -> bool:
+    """Whether this process's `say` lines go through a relay that the driver alone shows: its
+    other output then stays in Ray's logs (not --verbose), where a warning would go unseen."""
+    return _channel is not None and not verbose()
 
 
 def progress_line(step: int, metrics: dict[str, float]) -> str:

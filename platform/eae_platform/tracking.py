@@ -72,6 +72,8 @@ from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 
+from eae_platform import progress
+
 # Applied by fail_fast() (a Tracker's creation, `eae compare`'s lookups; the user's values win).
 # MLflow's defaults (7 retries, backoff factor 2, 120 s timeout) make one call to a dead server
 # block for minutes; with these a refused connection fails in ~2 s and a hung server in ~17 s.
@@ -239,7 +241,16 @@ def _global_uris(uri: str):
 
 
 def _say(message: str) -> None:
-    print(f"{_PREFIX} {message}", file=sys.stderr, flush=True)
+    """A tracking warning on stderr; from a Ray worker whose output the driver does not stream
+    (rank 0 of `eae pretrain`, the task of `eae finetune qa` or `eae eval`), through the driver's
+    relay as well: there it said an outage mid-run only in the summary at the end."""
+    line = f"{_PREFIX} {message}"
+    if progress.relayed():
+        try:
+            progress.say(line, err=True)
+        except Exception:  # noqa: BLE001 - the relay is gone (the driver stopped): the log keeps it
+            pass
+    print(line, file=sys.stderr, flush=True)
 
 
 def _is_transient(exc: BaseException) -> bool:

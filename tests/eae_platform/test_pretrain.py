@@ -232,12 +232,14 @@ def test_worker_crash_restarts_from_checkpoint_logging_to_a_postgresql_server(wi
     assert client.get_model_version_by_alias("eae-pg", "pretrained").run_id == r.info.run_id
 
 
-def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupted, server, tmp_path):
+def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupted, server, tmp_path, capsys):
     """The PostgreSQL-backed MLflow server is killed while rank 0 trains (at step 3 of 12) and
     restarted only once rank 0 has begun the step after the next log window, so that window
     went to a dead server (its log call gives up after the tracker's few quick retries). The
     run queues what it cannot send and ends FINISHED on the server with every window's metrics
-    once, the same values as the uninterrupted run, its config and its registered model."""
+    once, the same values as the uninterrupted run, its config and its registered model. The
+    driver says the outage and the recovery as rank 0's tracker meets them (its relay: the
+    workers' own output is not streamed, as at `eae pretrain`'s default verbosity)."""
     plain_tmp, _, plain = uninterrupted
     config = pretrain_config(wiki, tmp_path, "outage", mlflow_uri=server.url, register_as="eae-outage",
                      out=str(tmp_path / "model"))
@@ -277,6 +279,9 @@ def test_an_mlflow_server_down_mid_pretraining_loses_no_metric(wiki, uninterrupt
     assert history == pytest.approx({m.step: m.value for m in reference})  # the same values, in the same steps
     assert "dev/token_accuracy" in r.data.metrics
     assert client.get_model_version_by_alias("eae-outage", "pretrained").run_id == r.info.run_id
+    said = capsys.readouterr().err
+    assert f"[eae tracking] MLflow unreachable at {server.url}: " in said, said[-2000:]
+    assert f"[eae tracking] MLflow reachable again at {server.url}" in said, said[-2000:]
 
 
 def test_a_stopped_pretraining_ends_its_mlflow_run_killed(wiki, ray_cluster, new_mlflow_store, tmp_path):

@@ -89,10 +89,13 @@ def test_what_an_evaluation_could_not_log_is_said_with_its_journal(synth_pretrai
     tmp, _, _ = synth_pretrained
     name, client, done = "typing-outage", MlflowClient(server.url), threading.Event()
 
-    def kill_once_the_run_is_open():  # the evaluation's run created: its metrics and its end are to come
+    def kill_once_the_run_is_open():  # its config logged: its metrics and its end are to come
+        # Not as soon as the run is listed: the Tracker, having created it, still searches for a
+        # duplicate (Tracker's create_request), and a kill then stops eae eval at its start (exit 1)
         while not done.is_set():
             experiment = client.get_experiment_by_name("eae-eval")
-            if experiment and client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'"):
+            runs = experiment and client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
+            if runs and runs[0].data.params:
                 server.kill()
                 return
             time.sleep(0.1)

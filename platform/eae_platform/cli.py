@@ -461,8 +461,8 @@ def _finetune_qa(args: argparse.Namespace) -> int:
 
 def _print_unsent(summary: dict) -> None:
     """What a command's MLflow runs could not log, and the journal that holds it, on stderr: the
-    tracking store went away and did not come back in time. The tracker says so inside the Ray
-    task, whose output the command does not show."""
+    tracking store went away and did not come back in time. The tracker's own report of it stays
+    in the Ray task's log (its outage lines come through the relay): said here once."""
     for text in summary.get("mlflow_unsent", []):
         print(f"eae: MLflow {text}", file=sys.stderr)
 

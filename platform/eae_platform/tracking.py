@@ -240,12 +240,12 @@ def _global_uris(uri: str):
                 os.environ[key] = value
 
 
-def _say(message: str) -> None:
+def _say(message: str, relay: bool = True) -> None:
     """A tracking warning on stderr; from a Ray worker whose output the driver does not stream
     (rank 0 of `eae pretrain`, the task of `eae finetune qa` or `eae eval`), through the driver's
-    relay as well: there it said an outage mid-run only in the summary at the end."""
+    relay as well (`relay`): there it said an outage mid-run only in the summary at the end."""
     line = f"{_PREFIX} {message}"
-    if progress.relayed():
+    if relay and progress.relayed():
         try:
             progress.say(line, err=True)
         except Exception:  # noqa: BLE001 - the relay is gone (the driver stopped): the log keeps it
@@ -859,7 +859,7 @@ class Tracker:
             records += [{"type": "rejected", "item": r["item"], "reason": r["reason"]} for r in self._rejected]
             self._rewrite_journal(records)
             report.unsent_path = self.unsent_path
-            _say(str(report))
+            _say(str(report), relay=False)  # the commands print the report they get (cli._print_unsent)
         self._closed = report
         return report
 

@@ -310,8 +310,8 @@ def _train(config: FinetuneConfig, report: Report | None, device: torch.device, 
                out_dir)
     closed = tracker.close()
     summary.update(registered_at_close(tracker, registered))
-    # what the store did not take, and where it is journaled: the tracker says so in the Ray
-    # task, whose output the command does not show, so the command says it (else nothing did)
+    # what the store did not take, and where it is journaled: the tracker's report of it stays in
+    # the Ray task's log, so the command says it (else nothing did)
     summary["mlflow_unsent"] = [] if closed.ok else [str(closed)]  # a list, as eae eval's (one run per evaluation)
     if out_dir is not None and not keep:  # registered (or staged by the tracker): the copy is not needed
         shutil.rmtree(out_dir, ignore_errors=True)

@@ -98,7 +98,11 @@ def test_the_relay_prints_every_line_in_order_and_ends_while_a_task_still_sends_
         except Exception:  # noqa: BLE001 - the channel's actor is gone once the relay ended
             pass
 
-    ended = threading.Event()
+    # each phase bounded on its own, so that a failure says which one hung: the channel's actor
+    # starts in a worker process of its own (seconds on a loaded 2-core machine: not what this
+    # test bounds); the relay then ends within 30 s of its block's end, where with a task still
+    # sending it ran on until the driver's DRAIN_S cut it off
+    said, block_ended, ended = threading.Event(), threading.Event(), threading.Event()
 
     def command():
         with progress.relay() as channel:
@@ -108,13 +112,18 @@ def test_the_relay_prints_every_line_in_order_and_ends_while_a_task_still_sends_
                     progress.say(f"said {i}")
             finally:
                 progress.attach(None)
+            said.set()
             threading.Thread(target=chatty, args=(channel,), daemon=True).start()
             time.sleep(1)
+            block_ended.set()
         ended.set()
 
     threading.Thread(target=command, daemon=True).start()
     try:
+        assert said.wait(timeout=120), "the relay's channel never took a line"
+        assert block_ended.wait(timeout=30), "the block never ended"
         assert ended.wait(timeout=30), "the relay never ended"
+        assert sent, "the task sent no line"  # the relay ended while a task was sending lines
     finally:
         stop.set()
     out = capsys.readouterr().out.splitlines()

@@ -431,6 +431,11 @@ def _created(result) -> float:
     return int(number) if number.isdigit() else math.inf
 
 
+def _trial_name(result) -> str:
+    """A trial's id as Tune reports it, else its directory's name (a trial that never reported)."""
+    return (result.metrics or {}).get("trial_id") or Path(result.path).name
+
+
 def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> dict:
     """The finished sweep: every trial, the selected one (on dev EM), its test EM, its model
     registered."""
@@ -441,9 +446,9 @@ def _select(space: SweepSpace, results, parent, mlflow_uri: str, root: Path) -> 
     experiment = space.finetune["experiment"]
     trials, failed = [], []
     # A restored sweep's come newest first: listed as a fresh one's (trial id where a tag lacks its number)
-    for r in sorted(results, key=lambda r: (_created(r), (r.metrics or {}).get("trial_id") or Path(r.path).name)):
+    for r in sorted(results, key=lambda r: (_created(r), _trial_name(r))):
         params = {k: r.config.get(k) for k in space.grid}
-        row = {"trial": (r.metrics or {}).get("trial_id") or Path(r.path).name, **params,
+        row = {"trial": _trial_name(r), **params,
                "dev_em": r.metrics.get(METRIC) if r.metrics else None,
                "mlflow_run_id": (r.metrics or {}).get("mlflow_run_id"), "checkpoint": r.checkpoint.path if r.checkpoint else None}
         if r.error is not None:

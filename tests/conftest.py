@@ -45,25 +45,6 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 # Off for every run the tests start, passed on as the setting above.
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
-# The fixtures that cost about a minute each on CI's 2 cores, which pytest-xdist's processes
-# (scripts/test) would each build: the session's pretrainings, and test_serve.py's Serve
-# deployment (module-scoped; xdist's default scheduling split the module, and both processes
-# deployed it). Every test that takes one goes in its group (xdist_group, run with --dist
-# loadgroup): one process runs the group's tests, and builds it once. 2026-12-07, this
-# machine: the two pretrainings ~60 s each and the deployment ~40 s were built twice a run.
-SHARED_SESSION_FIXTURES = ("uninterrupted", "synth_pretrained")
-WHOLE_MODULES = ("tests/eae_platform/test_serve.py",)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        groups = [f for f in SHARED_SESSION_FIXTURES if f in item.fixturenames]
-        groups += [module] if module in WHOLE_MODULES else []
-        for group in groups:
-            item.add_marker(pytest.mark.xdist_group(group))
-
 
 @pytest.fixture(scope="session")
 def ray_cluster():

@@ -31,28 +31,3 @@ def test_the_modules_of_a_minute_long_fixture_run_in_one_xdist_process():
     assert done.returncode == 0, done.stdout + done.stderr
     ran = {test: worker for worker, test in re.findall(r"\[(gw\d)\] .*?PASSED (\S+)", done.stdout)}
     assert sorted(ran) == sorted(grouped) and len(set(ran.values())) == 1, done.stdout
-
-
-def test_every_module_taking_a_session_pretraining_is_in_its_group():
-    """SHARED_FIXTURE_MODULES lists each module whose tests take synth_pretrained or
-    uninterrupted (even through another fixture), under that fixture, and no other: a module
-    left out would build it in a second process again (pytest --fixtures-per-test says which
-    fixtures each test takes)."""
-    import re
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, SHARED_FIXTURE_MODULES
-
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--fixtures-per-test",
-                           "tests"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
-    taken: dict[str, set[str]] = {}
-    module = None
-    for line in done.stdout.splitlines():
-        if m := re.match(r"-* \((tests/\S+\.py):\d+\) -*$", line):
-            module = m[1]
-        elif module and (m := re.match(r"(synth_pretrained|uninterrupted) -- ", line)):
-            taken.setdefault(module, set()).add(m[1])
-    assert taken.get("tests/eae_platform/test_main_report.py") == {"synth_pretrained"}, taken  # the parse found them
-    assert taken == {m: {g} for m, g in SHARED_FIXTURE_MODULES.items() if g != "serve"}, taken

@@ -45,36 +45,6 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 # Off for every run the tests start, passed on as the setting above.
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
-# The fixtures that cost about a minute each on CI's 2 cores, which each pytest-xdist process
-# (scripts/test: two) built for itself: the session's pretrainings, synth_pretrained and
-# uninterrupted, and test_serve.py's Serve deployment (module-scoped; xdist's load scheduling
-# split the module). The modules that take one run in one process, which builds it once; the
-# other tests go to whichever process is free. By module, on xdist's controller, which knows
-# the test ids only: xdist's own --dist loadgroup (xdist_group marks) groups nothing under
-# pytest 9.2 (pytest-dev/pytest-xdist#1386). 2026-12-07, this machine: ~60, ~60 and ~40 s
-# built twice a run.
-SHARED_FIXTURE_MODULES = {
-    **dict.fromkeys(["tests/eae_platform/test_evaluate.py", "tests/eae_platform/test_main_report.py",
-                     "tests/eae_platform/test_finetune.py", "tests/eae_platform/test_finetune_registration.py"],
-                    "synth_pretrained"),
-    **dict.fromkeys(["tests/eae_platform/test_pretrain.py", "tests/eae_platform/test_pretrain_storage.py",
-                     "tests/eae_platform/test_multinode.py"], "uninterrupted"),
-    "tests/eae_platform/test_serve.py": "serve",
-}
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduler of whole work units (LoadScopeScheduling: a unit runs in one process,
-    the units with the most tests handed out first), each unit a SHARED_FIXTURE_MODULES group
-    or else one test, as xdist's default (load) scheduling hands them out."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class SharedFixtureScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:  # the unit of nodeid (xdist's extension point)
-            return SHARED_FIXTURE_MODULES.get(nodeid.split("::")[0], nodeid)
-
-    return SharedFixtureScheduling(config, log)
-
 
 @pytest.fixture(scope="session")
 def ray_cluster():

@@ -548,14 +548,16 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
     """`eae serve` on its own local cluster, as a user starts it, stopped as a terminal's Ctrl-C
     stops it (SIGINT to its process group) and, beside it, as `kill -- -PGID` or a service
     manager does (SIGTERM to the group, which holds the local cluster's GCS and raylet): each
-    exits 0 saying `eae: serve stopped (SIGINT)` or `(SIGTERM)` last, and nothing of Ray's; a
-    third, Ctrl-C pressed again every 0.2 s while it stops (an impatient user; `timeout` sends
-    SIGTERM twice), stops as one Ctrl-C does: before, the second signal raised KeyboardInterrupt
-    again inside Ray's shutdown at exit ("eae: interrupted", a traceback, killed by SIGINT).
-    Before: Ctrl-C printed Ray's "Task ServeController.graceful_shutdown failed ... killed by
-    `ray.kill`" (serve.shutdown) and each replica took 2 s to stop (Serve's wait loop); SIGTERM
-    waited 30 s for a controller whose GCS was gone ("Controller failed to shut down") and
-    exited 1: the exit status and the noise are checked, not the time it took (a timed test)."""
+    exits 0 saying `eae: serve stopped (SIGINT)` or `(SIGTERM)` last, and nothing of Ray's. The
+    Ctrl-C is pressed again every 0.2 s while it stops (an impatient user; `timeout` sends
+    SIGTERM twice), and it stops as one Ctrl-C does: before, the second signal raised
+    KeyboardInterrupt again inside Ray's shutdown at exit ("eae: interrupted", a traceback,
+    killed by SIGINT). Before: Ctrl-C printed Ray's "Task ServeController.graceful_shutdown
+    failed ... killed by `ray.kill`" (serve.shutdown) and each replica took 2 s to stop (Serve's
+    wait loop); SIGTERM waited 30 s for a controller whose GCS was gone ("Controller failed to
+    shut down") and exited 1: the exit status and the noise are checked, not the time it took
+    (a timed test). (Until 2026-12-07 the repeated Ctrl-C had a third server of its own, the
+    three side by side taking 144-167 s of CI's 2 cores.)"""
     import subprocess
     import sys
 
@@ -570,28 +572,30 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
                                     env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
         return proc, log
 
+    # the two start side by side: one server start's wait (~1 min) for both
     servers = {signal.SIGINT: start("ctrl-c"), signal.SIGTERM: start("sigterm")}
-    again = start("ctrl-c-again")  # the three start side by side: one server start's wait (~1 min) for all
     deadline = time.monotonic() + 300
-    for proc, log in [*servers.values(), again]:
+    for proc, log in servers.values():
         while "stops the server" not in log.read_text(errors="replace"):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
             time.sleep(0.5)
+    ctrl_c = servers[signal.SIGINT][0]
     try:
-        for sig, (proc, log) in servers.items():
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=120)
+        os.killpg(ctrl_c.pid, signal.SIGINT)  # the terminal's Ctrl-C, to the whole group
         sent = 0
-        while again[0].poll() is None and sent < 400:  # Ctrl-C to the command, again every 0.2 s until it stops
-            os.kill(again[0].pid, signal.SIGINT)
+        while ctrl_c.poll() is None and sent < 400:  # then again to the command every 0.2 s until it stops
+            os.kill(ctrl_c.pid, signal.SIGINT)
             sent += 1
             time.sleep(0.2)
-        again[0].wait(timeout=120)
+        ctrl_c.wait(timeout=120)
+        os.killpg(servers[signal.SIGTERM][0].pid, signal.SIGTERM)
+        servers[signal.SIGTERM][0].wait(timeout=120)
     finally:
-        for proc, _ in [*servers.values(), again]:
+        for proc, _ in servers.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+    assert sent > 1, sent  # still stopping at the 2nd Ctrl-C and the 3rd
     for sig, (proc, log) in servers.items():
         out = log.read_text(errors="replace")
         assert proc.returncode == 0, (sig, out[-3000:])
@@ -600,13 +604,9 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
         # not be applied", serve.run's own start after ours, which had applied them
         assert "Started Serve" not in out and "will not be applied" not in out, (sig, out[:3000])
         stop_lines = out[out.index("stops the server"):]
-        for noise in ("graceful_shutdown failed", "Controller failed to shut down", "Traceback", "ERROR"):
+        for noise in ("graceful_shutdown failed", "Controller failed to shut down", "Traceback", "ERROR",
+                      "KeyboardInterrupt", "eae: interrupted"):
             assert noise not in stop_lines, (sig, stop_lines)
-    out = again[1].read_text(errors="replace")
-    assert sent > 1 and again[0].returncode == 0, (sent, again[0].returncode, out[-3000:])  # still stopping at the 2nd
-    assert out.strip().splitlines()[-1] == "eae: serve stopped (SIGINT)", out[-3000:]
-    for noise in ("Traceback", "KeyboardInterrupt", "eae: interrupted"):
-        assert noise not in out[out.index("stops the server"):], out[-3000:]
     # each replica stopped at its first look for requests in flight (app.SHUTDOWN_WAIT_LOOP_S),
     # not after Serve's 2 s wait loop: by its sleep, never less than 2 s each before
     logs = re.search(r"Ray's own output.*?: (\S+/logs)", servers[signal.SIGINT][1].read_text(errors="replace"))[1]

@@ -556,8 +556,8 @@ def test_eae_serve_stops_in_one_line_by_ctrl_c_or_by_sigterm_to_its_process_grou
     failed ... killed by `ray.kill`" (serve.shutdown) and each replica took 2 s to stop (Serve's
     wait loop); SIGTERM waited 30 s for a controller whose GCS was gone ("Controller failed to
     shut down") and exited 1: the exit status and the noise are checked, not the time it took
-    (a timed test). (Until 2026-12-07 the repeated Ctrl-C had a third server of its own, the
-    three side by side taking 144-167 s of CI's 2 cores.)"""
+    (a timed test). The repeated Ctrl-C goes to the Ctrl-C server, not to a third server of its
+    own: each local cluster's start costs CI's 2 cores about a minute."""
     import subprocess
     import sys
 

@@ -795,12 +795,13 @@ def model_out(runs: dict, cell: str) -> str | None:
     return runs.get(cell, {}).get("params", {}).get("train.out")
 
 
-def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
+def merge_one_recipe(paths: list[Path], seeds: set[int] | None = None) -> tuple[dict, list[str]]:
     """The stores' cells merged, a later store's cell winning (a rerun, or the same cell at
     another recipe on purpose, as round 7's MM with a longer warmup: printed, never silent), and
     the (world, transformer, model) groups whose merged cells hold more than one pretraining
-    recipe: one table would mix them, so main() refuses them (compare recipes with --versus or
-    --best-recipe). A cell of QA runs only (FROM_STUDY: another QA recipe for a study's models)
+    recipe, synthetic or real text: one table would mix them, so main() refuses them (compare
+    recipes with --versus or --best-recipe, or keep the seeds the later store trained: `seeds`,
+    --seeds; the cells of other seeds are left out of every store). A cell of QA runs only (FROM_STUDY: another QA recipe for a study's models)
     replaces the QA run of the cell, in an earlier store, whose pretraining wrote its model
     (train.out == its finetune.init), keeping that cell's pretraining and evaluations; without
     one it is left out, and both are printed (a QA-only cell winning whole would drop the cell's
@@ -809,6 +810,8 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
     replaced, rerun, joined, unlinked = Counter(), Counter(), Counter(), Counter()
     for i, path in enumerate(paths):  # a cell keeps its store's index: sorted, the command line's order
         for cell, runs in read_cells(path).items():
+            if seeds is not None and (m := CELL.match(cell) or REAL_CELL.match(cell)) and int(m["seed"]) not in seeds:
+                continue
             if CELL.match(cell) and (qa := qa_only(runs, cell)) is not None:
                 out = model_out(cells[cell][1], cell) if cell in cells else None
                 if out is None or out != qa["params"].get("finetune.init"):
@@ -836,7 +839,8 @@ def merge_one_recipe(paths: list[Path]) -> tuple[dict, list[str]]:
     groups = defaultdict(lambda: defaultdict(set))
     for cell, (i, runs) in cells.items():
         r = pretrain_recipe(runs, cell)
-        if CELL.match(cell) and r is not None:
+        # real text too: its table's "steps x batch" names one cell's recipe, so a mix would pass unseen
+        if (CELL.match(cell) or REAL_CELL.match(cell)) and r is not None:
             groups[cell.rsplit("-s", 1)[0]][r].add(i)  # the cell's name less its seed: w5000r4-medium-eae
     mixed = [f"{g}: " + "; ".join(f"{recipe_label(r)} ({', '.join(dict.fromkeys(str(paths[i]) for i in sorted(stores)))})"
                                   for r, stores in sorted(recipes.items(), key=lambda rs: min(rs[1])))
@@ -1222,6 +1226,9 @@ def main() -> None:
     parser.add_argument("--versus", nargs="+", type=Path, default=[], metavar="STORE",
                         help="regime: also print each model − the same model and seed in these stores "
                         "(the same cells trained at another recipe)")
+    parser.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
+                        help="regime: only these seeds' cells, in every store (--versus's too): a recipe trained on "
+                        "fewer seeds than an earlier store's, paired with that store's other models on its seeds")
     parser.add_argument("--dev-curve", action="store_true",
                         help="regime: only print each pretraining run's dev evaluations by step (finished or paused), "
                         "each model's mean over seeds and EaE − No-EaE paired by seed, per recipe")
@@ -1254,6 +1261,8 @@ def main() -> None:
             print("## Wikipedia sample\n")
             synthetic(MlflowClient(f"sqlite:///{args.stores[1]}"), prefix="wiki-")
         return
+    if args.seeds and (args.dev_curve or args.best_recipe):
+        parser.error("--seeds: only for the one-recipe tables (not with --dev-curve or --best-recipe)")
     if args.dev_curve:
         print_dev_curves(args.stores)
         return
@@ -1265,11 +1274,13 @@ def main() -> None:
         if args.figure:
             draw(setting, gaps, args.figure, notes)
         return
-    cells, mixed = merge_one_recipe(args.stores)
-    other, mixed_other = merge_one_recipe(args.versus)
+    seeds = set(args.seeds) if args.seeds else None
+    cells, mixed = merge_one_recipe(args.stores, seeds)
+    other, mixed_other = merge_one_recipe(args.versus, seeds)
     if mixed or mixed_other:
         parser.error("these stores hold a model pretrained at more than one recipe, which one table would mix "
-                     "(pass one recipe's stores; compare recipes with --versus or --best-recipe):\n  "
+                     "(pass one recipe's stores; compare recipes with --versus or --best-recipe; keep the seeds "
+                     "the later store trained with --seeds):\n  "
                      + "\n  ".join(mixed + [f"(--versus) {m}" for m in mixed_other]))
     note_unfinished(cells)
     groups = print_tables(cells, args.figure)

@@ -375,6 +375,51 @@ def test_real_text_tables_read_the_vital_cells_and_pair_them_by_seed(tmp_path, m
             in tables.stdout), tables.stdout
 
 
+def test_a_real_text_model_at_two_recipes_is_refused_in_one_table_and_paired_on_the_seeds_kept(tmp_path, monkeypatch):
+    """Real-text stores of EaE and No-EaE on seeds 0-1 and of EaE on seed 0 at another recipe
+    (the memory's query detached, as round 62 set round 41's seeds 10-14 against its 10-12):
+    together they would put both of EaE's recipes in one row, under one recipe's name, so they
+    are refused, naming both; --seeds 0 keeps the later store's seed, every store's, and pairs it
+    with No-EaE on that seed alone (masked entity acc 0.47 − 0.50 = −3.0 points, n=1)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    recipe = {"train.lr": "0.0001", "train.max_steps": "7200", "train.warmup_fraction": "0.1", "train.batch_size": "128"}
+
+    def store(directory, accuracy, **params):
+        for (variant, seed), acc in accuracy.items():
+            cell = f"wvital2000-minilm-{variant}-s{seed}"
+            _log_cell(directory, cell, {cell: ({**recipe, **params}, {}),
+                                        f"masked-{cell}": ({}, {"test/entity_accuracy": acc, "test/entities": 876.0})})
+
+    store(tmp_path / "attached", {("eae", 0): 0.45, ("eae", 1): 0.44, ("no_eae", 0): 0.50, ("no_eae", 1): 0.49})
+    store(tmp_path / "detached", {("eae", 0): 0.47}, **{"model.memory_query_detached": "True"})
+    mixed, kept, versus, refused = _side_by_side(
+        (_tables, tmp_path / "attached", tmp_path / "detached"),
+        (_tables, tmp_path / "attached", tmp_path / "detached", "--seeds", "0"),
+        (_tables, tmp_path / "detached", "--versus", tmp_path / "attached", "--seeds", "0", "1"),
+        (_tables, "--best-recipe", tmp_path / "attached", "--seeds", "0"))
+    assert mixed.returncode == 2 and "more than one recipe" in mixed.stderr, mixed.stdout + mixed.stderr
+    assert "wvital2000-minilm-eae: lr 1e-4 x 7,200 (10% warmup, batch 128, file order)" in mixed.stderr, mixed.stderr
+    assert "; lr 1e-4, memory query detached x 7,200 (10% warmup" in mixed.stderr, mixed.stderr
+    assert kept.returncode == 0, kept.stderr
+    out = kept.stdout.split("## Real text")[1]
+    head = next(line for line in out.splitlines() if line.startswith("| world | transformer | model |")).strip(" |").split(" | ")
+    eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| vital2000 | minilm | eae |")).strip(" |").split(" | ")))
+    assert eae["seeds"] == "1" and eae["steps x batch"] == "7,200 x 128, memory query detached", eae
+    no_eae = dict(zip(head, next(r for r in out.splitlines() if r.startswith("| vital2000 | minilm | no_eae |")).strip(" |").split(" | ")))
+    assert no_eae["seeds"] == "1", no_eae
+    gaps = out.split("### Paired by seed")[1]
+    columns = next(r for r in gaps.splitlines() if r.startswith("| world | transformer | pair |")).strip(" |").split(" | ")
+    pair = dict(zip(columns, next(r for r in gaps.splitlines() if r.startswith("| vital2000 | minilm | EaE − No-EaE |")).strip(" |").split(" | ")))
+    assert pair["masked entity acc (test articles)"] == "-3.0 (n=1)", pair
+    # the detached EaE against the attached one on its seed (47 − 45: +2.0), seed 1 in neither
+    assert versus.returncode == 0, versus.stderr
+    rows = versus.stdout.split("### The same model and seed on real text")[1]
+    columns = next(r for r in rows.splitlines() if r.startswith("| world | transformer | model |")).strip(" |").split(" | ")
+    row = dict(zip(columns, next(r for r in rows.splitlines() if r.startswith("| vital2000 | minilm | eae |")).strip(" |").split(" | ")))
+    assert row["masked entity acc (test articles)"] == "+2.0 (n=1)", row
+    assert refused.returncode == 2 and "--seeds: only for the one-recipe tables" in refused.stderr, refused.stderr
+
+
 def test_best_recipe_picks_each_models_recipe_on_dev_and_pairs_the_picks_on_test(tmp_path, monkeypatch):
     """--best-recipe on two real stores of the same cells trained at two recipes (lr 1e-3 x
     2,000 and lr 3e-4 x 6,000): each model's recipe is picked by QA dev EM on the seeds both its

@@ -1078,18 +1078,28 @@ def dev_gap(diffs: list[float]) -> tuple[float, float, int] | None:
     return mean, half, len(diffs)
 
 
-def print_dev_curves(paths: list[Path]) -> None:
-    """--dev-curve: each pretraining run's dev evaluations by step, finished or not, per world,
-    transformer and pretraining recipe: each model's mean ± sd over its seeds and EaE − No-EaE
-    paired by seed at each step. A paused study (no QA, no evaluations yet) can be compared on
-    what it logged, at a point of its lr schedule: mid-run figures, not the study's result."""
-    curves: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))  # (world, size, recipe) -> model -> {seed: run}
-    for path in paths:  # within a recipe a later store's cell wins (a rerun), as in the tables
+def read_dev_curves(paths: list[Path]) -> dict[tuple, dict]:
+    """(world, size, recipe) -> model -> {seed: pretraining run} of the runs that logged a dev
+    evaluation; within a recipe a later store's cell wins (a rerun), as in the tables."""
+    curves: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))
+    for path in paths:
         for cell, runs in read_cells(path).items():
             key, recipe = cell_key(cell), pretrain_recipe(runs, cell)
             if key and recipe and runs[cell].get("dev"):
                 world, size, variant, seed = key
                 curves[(world, size, recipe)][variant][seed] = runs[cell]
+    return curves
+
+
+def print_dev_curves(paths: list[Path], versus: list[Path] = ()) -> None:
+    """--dev-curve: each pretraining run's dev evaluations by step, finished or not, per world,
+    transformer and pretraining recipe: each model's mean ± sd over its seeds and EaE − No-EaE
+    paired by seed at each step. A paused study (no QA, no evaluations yet) can be compared on
+    what it logged, at a point of its lr schedule: mid-run figures, not the study's result. With
+    `versus` (stores of the same world and transformer at another recipe), each model is also
+    paired by seed with the same model there and with No-EaE there: a recipe of one model (round
+    62's EaE with its memory's query detached) against an earlier store's EaE and No-EaE."""
+    curves, other = read_dev_curves(paths), read_dev_curves(list(versus))
     if not curves:
         raise SystemExit("--dev-curve: no pretraining run in these stores logged a dev evaluation")
     for (world, size, recipe), models in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][1], recipe_label(kv[0][2]))):
@@ -1101,21 +1111,28 @@ def print_dev_curves(paths: list[Path]) -> None:
                              for r in seeds.values())
             print(f"- {v}, seeds {', '.join(map(str, sorted(seeds)))}: "
                   + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
-        paired = "eae" in models and "no_eae" in models
+        pairs = [(models, "eae", models, "no_eae", "EaE − No-EaE")] if "eae" in models and "no_eae" in models else []
+        theirs_all = [(r, theirs) for (w, z, r), theirs in sorted(other.items(), key=lambda kv: recipe_label(kv[0][2]))
+                      if (w, z) == (world, size) and r != recipe]  # a recipe's cells against themselves: nothing to pair
+        for letter, (r, theirs) in zip("abcdefgh", theirs_all):
+            print(f"- --versus ({letter}): {recipe_label(r)}; "
+                  + ", ".join(f"{u}, seeds {', '.join(map(str, sorted(theirs[u])))}" for u in VARIANTS if u in theirs))
+            pairs += [(models, v, theirs, u, f"{v} − ({letter}) {u}")
+                      for v in variants for u in dict.fromkeys([v, "no_eae"]) if u in theirs]
         head, steps = ["step"], sorted({step for m in models.values() for r in m.values() for c in r["dev"].values() for step in c})
         for _, label, _ in DEV_CURVE:
-            head += [f"{v} {label}" for v in variants] + (["EaE − No-EaE"] if paired else [])
+            head += [f"{v} {label}" for v in variants] + [f"{name}, {label}" if pairs[1:] else name for *_, name in pairs]
         rows = []
         for step in steps:
             row = [f"{step:,}"]
             for key, _, scale in DEV_CURVE:
-                at = {v: {s: r["dev"].get(key, {}).get(step) for s, r in models[v].items()} for v in variants}
+                at = lambda ms, v: {s: r["dev"].get(key, {}).get(step) for s, r in ms[v].items()}  # noqa: E731
                 for v in variants:
-                    xs = [x * scale for x in at[v].values() if x is not None]
+                    xs = [x * scale for x in at(models, v).values() if x is not None]
                     row.append(dev_cell(xs))
-                if paired:
-                    diffs = [(at["eae"][s] - at["no_eae"][s]) * scale for s in at["eae"]
-                             if at["eae"][s] is not None and at["no_eae"].get(s) is not None]
+                for ours, v, theirs, u, _ in pairs:  # paired by seed: the seeds both logged at this step
+                    a, b = at(ours, v), at(theirs, u)
+                    diffs = [(a[s] - b[s]) * scale for s in a if a[s] is not None and b.get(s) is not None]
                     row.append(gap_cell(dev_gap(diffs), lower_is_better=scale == 1))
             rows.append(row)
         print("\n" + table(head, rows) + "\n")
@@ -1225,7 +1242,7 @@ def main() -> None:
                         "directory (experiments/regime/data.sh rebuilds it: the worlds are seeded), repeatable")
     parser.add_argument("--versus", nargs="+", type=Path, default=[], metavar="STORE",
                         help="regime: also print each model − the same model and seed in these stores "
-                        "(the same cells trained at another recipe)")
+                        "(the same cells trained at another recipe; with --dev-curve, and − No-EaE there, step by step)")
     parser.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
                         help="regime: only these seeds' cells, in every store (--versus's too): a recipe trained on "
                         "fewer seeds than an earlier store's, paired with that store's other models on its seeds")
@@ -1264,7 +1281,7 @@ def main() -> None:
     if args.seeds and (args.dev_curve or args.best_recipe):
         parser.error("--seeds: only for the one-recipe tables (not with --dev-curve or --best-recipe)")
     if args.dev_curve:
-        print_dev_curves(args.stores)
+        print_dev_curves(args.stores, args.versus)
         return
     if args.best_recipe:
         ranked, setting = best_recipes(read_recipes(args.stores))

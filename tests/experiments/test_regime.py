@@ -707,6 +707,20 @@ def test_dev_curve_pairs_each_steps_dev_evaluations_by_seed_paused_or_finished(t
     assert "| 2,000 | 20.0 | 20.0 ± 14.1 | +10.0 (n=1) | 20.0 | 19.0 ± 0.0 | +1.0 (n=1) |" in paused
     assert finished.startswith("5,000, facts stated 4x, `minilm`, lr 1e-4 x 2,000") and "2 finished" in finished
     assert "| 2,000 | 7.0 ± 0.0 | 7.0 ± 0.0 | +0.0 [+0.0, +0.0] ~ (seeds=2) |" in finished
+    # --versus: each model of the paused recipe − the same model and No-EaE at the finished one,
+    # by seed (step 1,000: EaE 10 − 5, 14 − 5: mean 7, half-width 25.4 as above; No-EaE 8 − 5
+    # twice: +3, no spread); at 2,000 only EaE's seed 0 (20 − 7), No-EaE 10 − 7 and 30 − 7 (mean 13,
+    # sd 14.14, half-width 127.1); a store against itself pairs nothing
+    versus = _tables("--dev-curve", stores[0], "--versus", stores[1], stores[0])
+    assert versus.returncode == 0, versus.stderr
+    [paused] = versus.stdout.split("### Pretraining's dev evaluations by step: ")[1:]
+    assert "- --versus (a): lr 1e-4 x 2,000 (10% warmup, batch 128, rows shuffled); eae, seeds 0, 1, no_eae, seeds 0, 1\n" in paused, paused
+    assert "--versus (b)" not in paused, paused
+    assert ("| step | eae dev masked entity acc | no_eae dev masked entity acc | EaE − No-EaE, dev masked entity acc "
+            "| eae − (a) eae, dev masked entity acc | eae − (a) no_eae, dev masked entity acc | no_eae − (a) no_eae, dev masked entity acc |") in paused, paused
+    assert ("| 1,000 | 12.0 ± 2.8 | 8.0 ± 0.0 | +4.0 [-21.4, +29.4] ~ (seeds=2) | +7.0 [-18.4, +32.4] ~ (seeds=2) "
+            "| +7.0 [-18.4, +32.4] ~ (seeds=2) | +3.0 [+3.0, +3.0] ✓ (seeds=2) |") in paused, paused
+    assert "| 2,000 | 20.0 | 20.0 ± 14.1 | +10.0 (n=1) | +13.0 (n=1) | +13.0 (n=1) | +13.0 [-114.1, +140.1] ~ (seeds=2) |" in paused, paused
 
     tables = _tables(stores[0])
     assert tables.returncode == 0, tables.stderr

@@ -36,6 +36,7 @@ import os
 import re
 import signal
 import statistics
+import string
 import tarfile
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -801,8 +802,8 @@ def merge_one_recipe(paths: list[Path], seeds: set[int] | None = None) -> tuple[
     the (world, transformer, model) groups whose merged cells hold more than one pretraining
     recipe, synthetic or real text: one table would mix them, so main() refuses them (compare
     recipes with --versus or --best-recipe, or keep the seeds the later store trained: `seeds`,
-    --seeds; the cells of other seeds are left out of every store). A cell of QA runs only (FROM_STUDY: another QA recipe for a study's models)
-    replaces the QA run of the cell, in an earlier store, whose pretraining wrote its model
+    --seeds, leaves the cells of other seeds out of every store). A cell of QA runs only
+    (FROM_STUDY: another QA recipe for a study's models) replaces the QA run of the cell, in an earlier store, whose pretraining wrote its model
     (train.out == its finetune.init), keeping that cell's pretraining and evaluations; without
     one it is left out, and both are printed (a QA-only cell winning whole would drop the cell's
     pretraining from the tables without a word)."""
@@ -1114,7 +1115,7 @@ def print_dev_curves(paths: list[Path], versus: list[Path] = ()) -> None:
         pairs = [(models, "eae", models, "no_eae", "EaE − No-EaE")] if "eae" in models and "no_eae" in models else []
         theirs_all = [(r, theirs) for (w, z, r), theirs in sorted(other.items(), key=lambda kv: recipe_label(kv[0][2]))
                       if (w, z) == (world, size) and r != recipe]  # a recipe's cells against themselves: nothing to pair
-        for letter, (r, theirs) in zip("abcdefgh", theirs_all):
+        for letter, (r, theirs) in zip(string.ascii_lowercase, theirs_all):
             print(f"- --versus ({letter}): {recipe_label(r)}; "
                   + ", ".join(f"{u}, seeds {', '.join(map(str, sorted(theirs[u])))}" for u in VARIANTS if u in theirs))
             pairs += [(models, v, theirs, u, f"{v} − ({letter}) {u}")
@@ -1122,16 +1123,19 @@ def print_dev_curves(paths: list[Path], versus: list[Path] = ()) -> None:
         head, steps = ["step"], sorted({step for m in models.values() for r in m.values() for c in r["dev"].values() for step in c})
         for _, label, _ in DEV_CURVE:
             head += [f"{v} {label}" for v in variants] + [f"{name}, {label}" if pairs[1:] else name for *_, name in pairs]
+        def at(ms: dict, v: str, key: str, step: int) -> dict:
+            """{seed: model v's dev figure `key` at `step`} (None where that seed did not log it)."""
+            return {s: r["dev"].get(key, {}).get(step) for s, r in ms[v].items()}
+
         rows = []
         for step in steps:
             row = [f"{step:,}"]
             for key, _, scale in DEV_CURVE:
-                at = lambda ms, v: {s: r["dev"].get(key, {}).get(step) for s, r in ms[v].items()}  # noqa: E731
                 for v in variants:
-                    xs = [x * scale for x in at(models, v).values() if x is not None]
+                    xs = [x * scale for x in at(models, v, key, step).values() if x is not None]
                     row.append(dev_cell(xs))
                 for ours, v, theirs, u, _ in pairs:  # paired by seed: the seeds both logged at this step
-                    a, b = at(ours, v), at(theirs, u)
+                    a, b = at(ours, v, key, step), at(theirs, u, key, step)
                     diffs = [(a[s] - b[s]) * scale for s in a if a[s] is not None and b.get(s) is not None]
                     row.append(gap_cell(dev_gap(diffs), lower_is_better=scale == 1))
             rows.append(row)

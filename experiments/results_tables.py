@@ -811,7 +811,7 @@ def merge_one_recipe(paths: list[Path], seeds: set[int] | None = None) -> tuple[
     replaced, rerun, joined, unlinked = Counter(), Counter(), Counter(), Counter()
     for i, path in enumerate(paths):  # a cell keeps its store's index: sorted, the command line's order
         for cell, runs in read_cells(path).items():
-            if seeds is not None and (m := CELL.match(cell) or REAL_CELL.match(cell)) and int(m["seed"]) not in seeds:
+            if seeds is not None and (key := cell_key(cell)) and key[3] not in seeds:
                 continue
             if CELL.match(cell) and (qa := qa_only(runs, cell)) is not None:
                 out = model_out(cells[cell][1], cell) if cell in cells else None
@@ -841,7 +841,7 @@ def merge_one_recipe(paths: list[Path], seeds: set[int] | None = None) -> tuple[
     for cell, (i, runs) in cells.items():
         r = pretrain_recipe(runs, cell)
         # real text too: its table's "steps x batch" names one cell's recipe, so a mix would pass unseen
-        if (CELL.match(cell) or REAL_CELL.match(cell)) and r is not None:
+        if cell_key(cell) and r is not None:
             groups[cell.rsplit("-s", 1)[0]][r].add(i)  # the cell's name less its seed: w5000r4-medium-eae
     mixed = [f"{g}: " + "; ".join(f"{recipe_label(r)} ({', '.join(dict.fromkeys(str(paths[i]) for i in sorted(stores)))})"
                                   for r, stores in sorted(recipes.items(), key=lambda rs: min(rs[1])))
@@ -1079,6 +1079,12 @@ def dev_gap(diffs: list[float]) -> tuple[float, float, int] | None:
     return mean, half, len(diffs)
 
 
+def dev_at(seeds: dict, key: str, step: int) -> dict:
+    """{seed: its run's dev figure `key` at `step`} of {seed: pretraining run} (None where that
+    seed did not log it)."""
+    return {s: r["dev"].get(key, {}).get(step) for s, r in seeds.items()}
+
+
 def read_dev_curves(paths: list[Path]) -> dict[tuple, dict]:
     """(world, size, recipe) -> model -> {seed: pretraining run} of the runs that logged a dev
     evaluation; within a recipe a later store's cell wins (a rerun), as in the tables."""
@@ -1123,19 +1129,15 @@ def print_dev_curves(paths: list[Path], versus: list[Path] = ()) -> None:
         head, steps = ["step"], sorted({step for m in models.values() for r in m.values() for c in r["dev"].values() for step in c})
         for _, label, _ in DEV_CURVE:
             head += [f"{v} {label}" for v in variants] + [f"{name}, {label}" if pairs[1:] else name for *_, name in pairs]
-        def at(ms: dict, v: str, key: str, step: int) -> dict:
-            """{seed: model v's dev figure `key` at `step`} (None where that seed did not log it)."""
-            return {s: r["dev"].get(key, {}).get(step) for s, r in ms[v].items()}
-
         rows = []
         for step in steps:
             row = [f"{step:,}"]
             for key, _, scale in DEV_CURVE:
                 for v in variants:
-                    xs = [x * scale for x in at(models, v, key, step).values() if x is not None]
+                    xs = [x * scale for x in dev_at(models[v], key, step).values() if x is not None]
                     row.append(dev_cell(xs))
                 for ours, v, theirs, u, _ in pairs:  # paired by seed: the seeds both logged at this step
-                    a, b = at(ours, v, key, step), at(theirs, u, key, step)
+                    a, b = dev_at(ours[v], key, step), dev_at(theirs[u], key, step)
                     diffs = [(a[s] - b[s]) * scale for s in a if a[s] is not None and b.get(s) is not None]
                     row.append(gap_cell(dev_gap(diffs), lower_is_better=scale == 1))
             rows.append(row)

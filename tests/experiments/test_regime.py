@@ -7,7 +7,9 @@ the top-K one (TOPK="", for time), the stores' archive and the tables printed fr
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -163,6 +165,53 @@ def test_the_regime_study_runs_its_stages_and_prints_its_tables(ray_cluster, wor
     versus = out.split("### The same model and seed, these stores − stores.tar.xz")[1].split("###")[0]
     row = next(r for r in versus.splitlines() if r.startswith("| 300, facts stated 2x | small | eae |")).strip(" |").split(" | ")
     assert row[3] == "+0.0 (n=1)", row
+
+
+def test_the_laptop_study_runs_a_seeds_cells_at_a_time_on_one_ray_head_it_stops(ray_cluster, world_300r2, tmp_path, monkeypatch):
+    """cpu.sh: every stage for two seeds, one seed's EaE and No-EaE at a time, each `eae` command
+    on the one Ray head the script starts (no RAY_ADDRESS given) and stops, then one store and
+    its tables: a gap over both seeds."""
+    study = _with_world(world_300r2, tmp_path / "study")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    env.update(STUDY=str(study), WORLDS="300r2", SEEDS="0 1", STEPS="10", LOG_EVERY="10", BATCH="16", QA_STEPS="10",
+               QA_BATCH="16", PROBES="10", EAE_CMD=f"{sys.executable} -m eae_platform.cli", PYTHON=sys.executable)
+    done = subprocess.run([str(REPO / "experiments" / "regime" / "cpu.sh")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    gap = done.stdout.split("### EaE − No-EaE")[1].split("###")[0]
+    assert "| 300, facts stated 2x | tiny |" in gap and "(seeds=2)" in gap, done.stdout
+    assert "10 x 16" in done.stdout, done.stdout  # the steps and batch it was given, not cpu.sh's defaults
+    # every command's Ray output names one session: the head cpu.sh started, not one per command
+    logs = sorted((study / "logs").glob("*-w300r2-tiny-*.log"))
+    sessions = {line.split("/logs")[0] for log in logs for line in log.read_text().splitlines()
+                if line.startswith("Ray's own output")}
+    assert len(logs) >= 8 and len(sessions) == 1, (len(logs), sessions)
+    head = (study / "logs" / "ray-head.log").read_text()
+    host, port = re.search(r"ray start --address='([^':]+):(\d+)'", head).groups()
+    with socket.socket() as probe:  # stopped on exit: nothing listens on its GCS port
+        assert probe.connect_ex((host, int(port))) != 0, head
+    # a seed's cells at a time: seed 1's pretraining starts after seed 0's two end
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    times = {}
+    for cell in ("eae-s0", "no_eae-s0", "eae-s1", "no_eae-s1"):
+        store = MlflowClient(f"file://{study / 'mlruns' / f'w300r2-tiny-{cell}'}")
+        [run] = store.search_runs([e.experiment_id for e in store.search_experiments()],
+                                  f"attributes.run_name = 'w300r2-tiny-{cell}'")
+        times[cell] = (run.info.start_time, run.info.end_time)
+    assert min(times["eae-s1"][0], times["no_eae-s1"][0]) > max(times["eae-s0"][1], times["no_eae-s0"][1]), times
+    # another QA recipe for those models (FROM_STUDY): QA runs only, then each model at its pick on dev
+    cpu_sh = str(REPO / "experiments" / "regime" / "cpu.sh")
+    qa = {**env, "FROM_STUDY": str(study), "STUDY": str(tmp_path / "qa"), "QA_LR": "1e-3"}
+    again = subprocess.run([cpu_sh], cwd=REPO, env=qa, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("**(picked)**") == 2 and "QA 10 at 1e-3" in again.stdout, again.stdout
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "qa" / "logs").glob("*-w300r2-*")) == ["qa"] * 4
+    # a FROM_STUDY with no store yet: refused in a line, before any Ray head starts
+    missing = subprocess.run([cpu_sh], cwd=REPO, env={**qa, "FROM_STUDY": str(tmp_path / "none")}, capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and f"no store {tmp_path / 'none'}.mlruns.tar.xz" in missing.stderr, missing.stderr
 
 
 def test_a_real_text_world_named_vital_n_keeps_its_n_most_frequent_entities(ray_cluster, tmp_path):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The regime study on a laptop (2 CPU cores, ~1 hour at the defaults): EaE and No-EaE on a
+# The regime study on a laptop (2 CPU cores, ~1¼ hours at the defaults): EaE and No-EaE on a
 # 1,000-entity synthetic world whose facts are stated 4 times, with the `tiny` transformer and
 # the entity table and memory at 10x the lr (train.memory_lr_scale), 3 seeds; then closed-book
 # QA, fact recall and masked entities for each, one MLflow store and its tables
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export STUDY=${STUDY:-runs/regime-cpu} WORLDS=${WORLDS:-1000r4} SIZES=${SIZES:-tiny} \
-  VARIANTS=${VARIANTS:-"eae no_eae"} STEPS=${STEPS:-4000} BATCH=${BATCH:-64} LR=${LR:-1e-3} \
+  VARIANTS=${VARIANTS:-"eae no_eae"} STEPS=${STEPS:-8000} BATCH=${BATCH:-64} LR=${LR:-1e-3} \
   WARMUP=${WARMUP:-0.05} MEMORY_LR_SCALE=${MEMORY_LR_SCALE:-10} PAD_MULTIPLE=${PAD_MULTIPLE:-16} \
   LOG_EVERY=${LOG_EVERY:-200} QA_STEPS=${QA_STEPS:-300} QA_BATCH=${QA_BATCH:-128} QA_LR=${QA_LR:-1e-4} \
   PROBES=${PROBES:-200} TOPK=${TOPK-""} DEVICE=cpu

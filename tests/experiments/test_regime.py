@@ -175,8 +175,7 @@ def test_the_laptop_study_runs_a_seeds_cells_at_a_time_on_one_ray_head_it_stops(
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     env.update(STUDY=str(study), WORLDS="300r2", SEEDS="0 1", STEPS="10", LOG_EVERY="10", BATCH="16", QA_STEPS="10",
                QA_BATCH="16", PROBES="10", EAE_CMD=f"{sys.executable} -m eae_platform.cli", PYTHON=sys.executable)
-    done = subprocess.run([str(REPO / "experiments" / "regime" / "cpu.sh")], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = _stage("cpu", env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     gap = done.stdout.split("### EaE − No-EaE")[1].split("###")[0]
     assert "| 300, facts stated 2x | tiny |" in gap and "(seeds=2)" in gap, done.stdout
@@ -202,15 +201,13 @@ def test_the_laptop_study_runs_a_seeds_cells_at_a_time_on_one_ray_head_it_stops(
         times[cell] = (run.info.start_time, run.info.end_time)
     assert min(times["eae-s1"][0], times["no_eae-s1"][0]) > max(times["eae-s0"][1], times["no_eae-s0"][1]), times
     # another QA recipe for those models (FROM_STUDY): QA runs only, then each model at its pick on dev
-    cpu_sh = str(REPO / "experiments" / "regime" / "cpu.sh")
     qa = {**env, "FROM_STUDY": str(study), "STUDY": str(tmp_path / "qa"), "QA_LR": "1e-3"}
-    again = subprocess.run([cpu_sh], cwd=REPO, env=qa, capture_output=True, text=True, timeout=900)
+    again = _stage("cpu", qa)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("**(picked)**") == 2 and "QA 10 at 1e-3" in again.stdout, again.stdout
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "qa" / "logs").glob("*-w300r2-*")) == ["qa"] * 4
     # a FROM_STUDY with no store yet: refused in a line, before any Ray head starts
-    missing = subprocess.run([cpu_sh], cwd=REPO, env={**qa, "FROM_STUDY": str(tmp_path / "none")}, capture_output=True,
-                             text=True, timeout=60)
+    missing = _stage("cpu", {**qa, "FROM_STUDY": str(tmp_path / "none")})
     assert missing.returncode == 2 and f"no store {tmp_path / 'none'}.mlruns.tar.xz" in missing.stderr, missing.stderr
 
 
